@@ -1,0 +1,150 @@
+"""APIFuture is a real concurrent.futures.Future (B18, B19, B6; parts of T-C1, T-C5, T-I2)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import pickle
+import threading
+
+import pytest
+
+from tinker_sync._futures import APIFuture, completed, failed
+from tinker_sync.exceptions import ForkedProcessError
+
+
+def resolve_later(fut: APIFuture[int], value: int, go: threading.Event) -> threading.Thread:
+    def run() -> None:
+        go.wait(60)
+        fut._resolve(value)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_wait_as_completed_and_callbacks_work():
+    futs = [APIFuture() for _ in range(5)]
+    seen: list[int] = []
+    for f in futs:
+        f.add_done_callback(lambda f: seen.append(f.result()))
+    go = threading.Event()
+    threads = [resolve_later(f, i, go) for i, f in enumerate(futs)]
+    go.set()
+    done, not_done = concurrent.futures.wait(futs, timeout=60)
+    assert not not_done
+    assert sorted(f.result() for f in concurrent.futures.as_completed(futs, timeout=60)) == list(range(5))
+    assert sorted(seen) == list(range(5))
+    for t in threads:
+        t.join()
+
+
+def test_result_timeout_raises_and_cancels_nothing_then_succeeds():
+    fut: APIFuture[str] = APIFuture(cancellable=False)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        fut.result(timeout=0.01)
+    assert not fut.cancelled() and not fut.done()
+    fut._resolve("ok")
+    assert fut.result(timeout=0) == "ok"
+    assert fut.result() == "ok"  # cached
+
+
+def test_training_style_future_cannot_be_cancelled():
+    fut: APIFuture[int] = APIFuture(cancellable=False)
+    assert fut.cancel() is False
+    assert fut._resolve(3) and fut.result() == 3
+
+
+def test_cancel_runs_the_hook_and_later_completion_is_ignored():
+    hook = threading.Event()
+    fut: APIFuture[int] = APIFuture(on_cancel=hook.set)
+    assert fut.cancel() is True and hook.is_set()
+    assert fut._resolve(1) is False and fut._fail(RuntimeError()) is False
+    with pytest.raises(concurrent.futures.CancelledError):
+        fut.result()
+
+
+def test_raising_callback_is_isolated_and_logged(caplog):
+    fut: APIFuture[int] = APIFuture()
+    after: list[int] = []
+
+    def boom(f):
+        raise RuntimeError("callback bug")
+
+    fut.add_done_callback(boom)
+    fut.add_done_callback(lambda f: after.append(f.result()))
+    with caplog.at_level(logging.ERROR, logger="tinker_sync.futures"):
+        fut._resolve(7)
+    assert after == [7]
+    assert any("callback bug" in (r.exc_text or "") or r.exc_info for r in caplog.records)
+
+
+def test_await_and_result_async():
+    async def main():
+        f1 = completed(1)
+        f2: APIFuture[int] = APIFuture()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0, f2._resolve, 2)
+        return (await f1) + (await f2.result_async(timeout=60)) + (await f1.coroutine())
+
+    assert asyncio.run(main()) == 4
+
+
+def test_result_async_timeout_raises_timeout_error():
+    async def main():
+        f: APIFuture[int] = APIFuture()
+        with pytest.raises(asyncio.TimeoutError):
+            await f.result_async(timeout=0.01)
+        return f.cancelled()
+
+    assert asyncio.run(main()) is True
+
+
+def test_blocking_result_inside_event_loop_warns_once(caplog):
+    async def main():
+        f = completed(5)
+        pending: APIFuture[int] = APIFuture()
+        threading.Timer(0.05, pending._resolve, args=(6,)).start()
+        with caplog.at_level(logging.WARNING, logger="tinker_sync.futures"):
+            assert pending.result(timeout=60) == 6
+        return f.result()
+
+    assert asyncio.run(main()) == 5
+    assert sum("running event loop" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_futures_do_not_pickle_but_errors_inside_them_do():
+    with pytest.raises(TypeError):
+        pickle.dumps(completed(1))
+    f = failed(ValueError("x"))
+    assert isinstance(pickle.loads(pickle.dumps(f.exception())), ValueError)
+
+
+def test_future_method_and_request_ids():
+    f: APIFuture[int] = APIFuture()
+    assert f.future() is f and f.request_id is None
+    f._add_request_id("a")
+    f._add_request_id("b")
+    assert f.request_id == "a" and f.request_ids == ("a", "b")
+    assert "request_id=a" in repr(f)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_pending_future_fails_fast_in_a_forked_child():
+    fut: APIFuture[int] = APIFuture(cancellable=False)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            exc = fut.exception(timeout=5)
+            ok = isinstance(exc, ForkedProcessError)
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.waitpid(pid, 0)
+    assert not fut.done()  # the parent's future is untouched
+    fut._resolve(1)

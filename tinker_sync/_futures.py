@@ -1,0 +1,227 @@
+"""``APIFuture``: the handle every server-side operation returns.
+
+Usage::
+
+    fut = training_client.forward_backward(data, "cross_entropy")
+    out = fut.result()                      # blocks; result(timeout) never cancels server work
+    concurrent.futures.wait([fut, fut2])    # a real concurrent.futures.Future
+    out = await fut                         # also awaitable
+
+Thread safety: safe to share between threads; completion happens on SDK threads, outside every
+SDK lock, and callbacks run on the completing thread. Fork safety: a future still pending when
+the process forks fails at once in the child with :class:`ForkedProcessError`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic, TypeVar
+
+from tinker_sync.exceptions import ForkedProcessError
+
+T = TypeVar("T")
+log = logging.getLogger("tinker_sync.futures")
+
+_pending: weakref.WeakSet[APIFuture[Any]] = weakref.WeakSet()
+_pending_lock = threading.Lock()
+
+
+def _in_running_loop() -> bool:
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class APIFuture(concurrent.futures.Future[T], Generic[T]):
+    """A ``concurrent.futures.Future`` for one SDK operation, also awaitable.
+
+    ``request_id`` / ``request_ids`` name the server request(s) once accepted. Training
+    futures are not cancellable (``cancel()`` returns False and the request is still sent);
+    sampling futures can be cancelled before or while waiting (best effort on the server).
+
+    Thread-safe; in a forked child, futures pending at fork time fail with ForkedProcessError.
+    """
+
+    def __init__(
+        self,
+        *,
+        cancellable: bool = True,
+        on_cancel: Callable[[], None] | None = None,
+        description: str = "",
+    ) -> None:
+        super().__init__()
+        self._request_ids: tuple[str, ...] = ()
+        self._on_cancel = on_cancel
+        self._description = description
+        self._pid = os.getpid()
+        self._warned_loop = False
+        if not cancellable:
+            # RUNNING futures cannot be cancelled: a skipped training request would leave a
+            # seq_id gap that the server waits on (B6).
+            self.set_running_or_notify_cancel()
+        with _pending_lock:
+            _pending.add(self)
+
+    # ---------------------------------------------------------------- identity
+
+    @property
+    def request_id(self) -> str | None:
+        """The server request id (the first chunk's, for chunked operations)."""
+        ids = self._request_ids
+        return ids[0] if ids else None
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        """All server request ids of this operation, in seq_id order."""
+        return self._request_ids
+
+    def _add_request_id(self, request_id: str) -> None:
+        self._request_ids = (*self._request_ids, request_id)
+
+    def _set_request_ids(self, request_ids: tuple[str, ...]) -> None:
+        self._request_ids = request_ids
+
+    def __repr__(self) -> str:
+        state = self._state.lower()
+        what = f" {self._description}" if self._description else ""
+        rid = f" request_id={self.request_id}" if self._request_ids else ""
+        return f"<APIFuture{what} {state}{rid}>"
+
+    # ---------------------------------------------------------------- completion (SDK side)
+
+    def _resolve(self, value: T) -> bool:
+        """Set the result unless the future is already done (cancelled). Never raises."""
+        try:
+            self.set_result(value)
+        except concurrent.futures.InvalidStateError:
+            return False
+        return True
+
+    def _fail(self, exc: BaseException) -> bool:
+        """Set the exception unless the future is already done. Never raises."""
+        try:
+            self.set_exception(exc)
+        except concurrent.futures.InvalidStateError:
+            return False
+        return True
+
+    # ---------------------------------------------------------------- user side
+
+    def cancel(self) -> bool:
+        ok = super().cancel()
+        if ok and self._on_cancel is not None:
+            try:
+                self._on_cancel()
+            except Exception:
+                log.exception("error while cancelling %r", self)
+        return ok
+
+    def result(self, timeout: float | None = None) -> T:
+        """Block until the result is ready; ``TimeoutError`` after ``timeout`` seconds.
+
+        A timeout cancels nothing: call ``result()`` again to keep waiting.
+        """
+        if not self._warned_loop and not self.done() and _in_running_loop():
+            self._warned_loop = True
+            log.warning(
+                "APIFuture.result() called inside a running event loop: it blocks the loop; "
+                "use `await future` instead"
+            )
+        return super().result(timeout)
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[T]], object]) -> None:
+        """Run ``fn(future)`` when done, on the completing thread (or now if already done).
+
+        Exceptions raised by ``fn`` are logged under ``tinker_sync.futures``, never raised.
+        """
+
+        def isolated(fut: concurrent.futures.Future[T]) -> None:
+            try:
+                fn(fut)
+            except Exception:
+                log.exception("exception in done-callback %r of %r", fn, fut)
+
+        super().add_done_callback(isolated)
+
+    def future(self) -> APIFuture[T]:
+        """0.38 compatibility: this object already is a ``concurrent.futures.Future``."""
+        return self
+
+    async def result_async(self, timeout: float | None = None) -> T:
+        """Await the result; on timeout raise ``TimeoutError`` and request ``cancel()``."""
+        import asyncio
+
+        return await asyncio.wait_for(asyncio.wrap_future(self), timeout)
+
+    def coroutine(self) -> Coroutine[Any, Any, T]:
+        """A coroutine resolving to the result, for ``asyncio.create_task``."""
+        return self.result_async()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        import asyncio
+
+        return asyncio.wrap_future(self).__await__()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("APIFuture cannot be pickled; pickle the result instead")
+
+
+def completed(value: T) -> APIFuture[T]:
+    """An already-resolved future."""
+    fut: APIFuture[T] = APIFuture()
+    fut.set_result(value)
+    return fut
+
+
+def failed(exc: BaseException) -> APIFuture[Any]:
+    """An already-failed future."""
+    fut: APIFuture[Any] = APIFuture()
+    fut.set_exception(exc)
+    return fut
+
+
+def pending_futures() -> list[APIFuture[Any]]:
+    """Futures created in this process that are not done yet (for close and tests)."""
+    with _pending_lock:
+        return [f for f in _pending if not f.done()]
+
+
+def fail_pending(exc_factory: Callable[[APIFuture[Any]], BaseException], owner: object) -> int:
+    """Fail every pending future whose ``_owner`` is ``owner``; return how many."""
+    n = 0
+    for fut in pending_futures():
+        if getattr(fut, "_owner", None) is owner and fut._fail(exc_factory(fut)):
+            n += 1
+    return n
+
+
+def _after_fork_in_child() -> None:
+    global _pending_lock
+    _pending_lock = threading.Lock()
+    parent = os.getppid()
+    for fut in list(_pending):
+        if fut.done():
+            continue
+        # The parent's threads may have held these locks at fork time: start fresh.
+        fut._condition = threading.Condition()
+        fut._waiters = []
+        fut._fail(
+            ForkedProcessError(
+                f"this future was created in process {fut._pid} (parent {parent}) and cannot "
+                "complete in a forked child; make the call again in the child"
+            )
+        )
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,211 @@
+"""What to do with one ``retrieve_future`` answer: a pure function (B21, B22).
+
+Usage::
+
+    counters = PollCounters()
+    d = decide_reply(status, headers, content, counters, request_id=rid, now=clock.monotonic(),
+                     elapsed=0.4, jitter=clock.random())
+    if d.action is Action.RETRY: clock.sleep(d.delay, d.reason)
+
+The poll loop (``_polling``) owns the I/O; everything it decides comes from here, so every
+delay of the table in BEHAVIOR B22 is asserted exactly by ``tests/test_polldecide.py``.
+
+Thread safety: pure functions; ``PollCounters`` belongs to one poll loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tinker_sync.exceptions import (
+    APIConnectionError,
+    APIResponseValidationError,
+    FutureExpiredError,
+    FuturePollError,
+    RequestErrorCategory,
+    RequestFailedError,
+    ResponseSnapshot,
+    status_error_class,
+)
+
+PROTOBUF = "application/x-protobuf"
+MAX_BAD_400 = 3
+BILLING_PAUSE_S = 5.0
+
+
+class Action(enum.Enum):
+    RESULT = "result"  # payload ready (proto or JSON)
+    PENDING = "pending"  # try_again / 408: poll again after ``delay``
+    METADATA = "metadata"  # reserve ``payload_size`` bytes, poll again with the flag false
+    RETRY = "retry"  # an error worth another poll after ``delay``
+    FAIL = "fail"  # stop with ``exc``
+
+
+@dataclass
+class PollCounters:
+    iteration: int = 0
+    backoff_n: int = 0  # consecutive 429 / connection errors
+    server_errors: int = 0  # consecutive 5xx
+    bad_400: int = 0
+    fast_answers: int = 0  # consecutive try_again answers faster than 1 s
+    metadata_seen: bool = False
+    billing_since: float | None = None
+    last_error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    delay: float = 0.0
+    reason: str = ""
+    exc: BaseException | None = None
+    queue_state: str | None = None
+    queue_state_reason: str | None = None
+    payload_size: int = 0
+    protobuf: bool = False
+    body: Any = None
+
+
+def _json_or_none(content: bytes) -> Any:
+    try:
+        return json.loads(content) if content else None
+    except ValueError:
+        return None
+
+
+def _backoff(counters: PollCounters, reason: str, exc: BaseException | None) -> Decision:
+    delay = float(min(2**counters.backoff_n, 30))
+    counters.backoff_n += 1
+    counters.server_errors = 0
+    counters.last_error = exc
+    return Decision(Action.RETRY, delay, reason, exc)
+
+
+def decide_transport_error(exc: BaseException, counters: PollCounters) -> Decision:
+    """A poll that got no HTTP answer (connection error, read timeout): back off 2^n s."""
+    return _backoff(counters, "connection error while polling", exc)
+
+
+def decide_reply(
+    status: int,
+    headers: Mapping[str, str],
+    content: bytes,
+    counters: PollCounters,
+    *,
+    request_id: str,
+    now: float,
+    elapsed: float,
+    jitter: float,
+    billing_window_s: float = 3600.0,
+) -> Decision:
+    """Map one HTTP answer to the next step. ``jitter`` is a uniform draw in [0, 1)."""
+    if status != 429:
+        counters.backoff_n = 0
+    if not 500 <= status < 600:
+        counters.server_errors = 0
+    if status != 402:
+        counters.billing_since = None
+
+    if 200 <= status < 300:
+        counters.last_error = None
+        if PROTOBUF in headers.get("content-type", ""):
+            return Decision(Action.RESULT, protobuf=True, body=content)
+        body = _json_or_none(content)
+        if not isinstance(body, dict):
+            return Decision(
+                Action.FAIL,
+                exc=APIResponseValidationError(
+                    f"retrieve_future for {request_id} answered a non-JSON, non-protobuf body",
+                    response=ResponseSnapshot(status, headers, content),
+                ),
+            )
+        if body.get("type") == "try_again":
+            if elapsed < 1.0:
+                delay = min(0.05 * 2**counters.fast_answers, 1.0)
+                counters.fast_answers += 1
+            else:
+                delay = 0.0
+                counters.fast_answers = 0
+            return Decision(
+                Action.PENDING,
+                delay,
+                "try_again",
+                queue_state=body.get("queue_state"),
+                queue_state_reason=body.get("queue_state_reason"),
+            )
+        counters.fast_answers = 0
+        if body.get("status") == "complete_metadata":
+            if counters.metadata_seen:
+                return Decision(
+                    Action.FAIL,
+                    exc=APIResponseValidationError(
+                        f"protocol error: a second complete_metadata answer for {request_id}",
+                        response=ResponseSnapshot(status, headers, content),
+                    ),
+                )
+            counters.metadata_seen = True
+            size = body.get("response_payload_size")
+            return Decision(Action.METADATA, payload_size=size if isinstance(size, int) else 0)
+        if "error" in body:
+            category = RequestErrorCategory(body.get("category") or "unknown")
+            return Decision(
+                Action.FAIL,
+                exc=RequestFailedError(
+                    str(body.get("error")), request_id=request_id, category=category
+                ),
+            )
+        return Decision(Action.RESULT, body=body)
+
+    snapshot = ResponseSnapshot(status, headers, content)
+    error = status_error_class(status)(
+        f"retrieve_future for {request_id} answered HTTP {status}", response=snapshot
+    )
+    counters.last_error = error
+    if status == 408:
+        body = _json_or_none(content)
+        if isinstance(body, dict):
+            counters.bad_400 = 0
+            return Decision(
+                Action.PENDING,
+                0.0,
+                "408",
+                queue_state=body.get("queue_state"),
+                queue_state_reason=body.get("queue_state_reason"),
+            )
+        return Decision(Action.PENDING, 0.0, "408")
+    if 500 <= status < 600:
+        delay = min(0.1 * 2**counters.server_errors, 5.0) * (0.75 + 0.25 * jitter)
+        counters.server_errors += 1
+        return Decision(Action.RETRY, delay, f"HTTP {status} while polling", error)
+    if status == 429:
+        return _backoff(counters, "HTTP 429 while polling", error)
+    if status == 410:
+        exc = FutureExpiredError(f"request {request_id} expired on the server (HTTP 410)")
+        exc.__cause__ = error
+        return Decision(Action.FAIL, exc=exc)
+    if status == 400:
+        counters.bad_400 += 1
+        if counters.bad_400 <= MAX_BAD_400:
+            return Decision(Action.RETRY, 0.0, "HTTP 400 while polling", error)
+        return _poll_failed(request_id, status, error, f"{MAX_BAD_400 + 1} HTTP 400 answers")
+    if status == 402:
+        if counters.billing_since is None:
+            counters.billing_since = now
+        if now - counters.billing_since < billing_window_s:
+            return Decision(Action.RETRY, BILLING_PAUSE_S, "billing pause (HTTP 402)", error)
+        return _poll_failed(request_id, status, error, "the billing pause window passed")
+    return _poll_failed(request_id, status, error, f"HTTP {status}")
+
+
+def _poll_failed(request_id: str, status: int, cause: BaseException, why: str) -> Decision:
+    exc = FuturePollError(f"polling request {request_id} failed: {why}", status_code=status)
+    exc.__cause__ = cause
+    return Decision(Action.FAIL, exc=exc)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    return isinstance(exc, APIConnectionError)

@@ -1,0 +1,115 @@
+"""The per-TrainingClient ordered sender.
+
+Usage (inside TrainingClient)::
+
+    seq_ids = sequencer.reserve(n_chunks, job)   # caller's thread, under the client's lock
+
+``reserve`` takes the next ``n`` seq_ids and appends ``job`` to a FIFO in one critical section,
+so the order in which threads call a TrainingClient is the order its requests leave. One sender
+thread per client drains the FIFO and runs each job *inside its turn*: the job sends its
+chunks (with all their retries) and returns once every chunk is accepted or has failed for
+good; polling then runs concurrently elsewhere (B3, B4). A job never raises into the sender: it
+fails its own future and the next job takes the next ids (B5).
+
+Invariants the tests check (notes/sequencer.md): seq_ids start at 1, are contiguous across
+ops, are never reused; op n+1's first send starts after op n's last acceptance or failure; no
+pool worker ever waits for a turn (the sender is a dedicated thread).
+
+Thread safety: ``reserve`` may be called from any thread. Fork safety: a sequencer belongs to
+the process that created it; in a forked child ``reserve`` raises ForkedProcessError.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+from tinker_sync.exceptions import ClientClosedError, ForkedProcessError
+
+log = logging.getLogger("tinker_sync.sequencer")
+
+#: A job receives its reserved seq_ids and runs inside its turn on the sender thread.
+Job = Callable[[list[int]], None]
+#: Called for each job still queued at close (so its future can fail).
+Abandon = Callable[[BaseException], None]
+
+
+class Sequencer:
+    """Reserve seq_ids in call order and run send jobs one at a time in that order.
+
+    Thread-safe. Not usable in a forked child (raises ForkedProcessError).
+    """
+
+    def __init__(self, name: str, *, first_seq_id: int = 1) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._next_seq_id = first_seq_id
+        self._queue: collections.deque[tuple[list[int], Job, Abandon | None]] = (
+            collections.deque()
+        )
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._pid = os.getpid()
+
+    @property
+    def next_seq_id(self) -> int:
+        """The seq_id the next reservation will start at."""
+        return self._next_seq_id
+
+    def reserve(self, n: int, job: Job, on_abandon: Abandon | None = None) -> list[int]:
+        """Take the next ``n`` seq_ids and queue ``job`` to run with them, in call order."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if os.getpid() != self._pid:
+            raise ForkedProcessError(
+                f"training client {self.name} belongs to process {self._pid}; training "
+                "operations cannot run in a forked child (its seq_ids belong to the parent)"
+            )
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError(f"training client {self.name} is closed")
+            first = self._next_seq_id
+            self._next_seq_id += n
+            ids = list(range(first, first + n))
+            self._queue.append((ids, job, on_abandon))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"tinker_sync-sender-{self.name}", daemon=True
+                )
+                self._thread.start()
+            else:
+                self._ready.notify()
+        return ids
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """Stop accepting jobs; jobs not yet started are abandoned with ``exc``."""
+        with self._lock:
+            self._closed = True
+            abandoned = list(self._queue)
+            self._queue.clear()
+            self._ready.notify_all()
+        error = exc or ClientClosedError(f"training client {self.name} was closed")
+        for _ids, _job, on_abandon in abandoned:
+            if on_abandon is not None:
+                try:
+                    on_abandon(error)
+                except Exception:
+                    log.exception("error abandoning a queued job of %s", self.name)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._ready.wait()
+                if not self._queue:
+                    return
+                ids, job, _ = self._queue.popleft()
+            try:
+                job(ids)
+            except BaseException:
+                # Jobs fail their own futures; reaching here is a bug, never a stopped sender.
+                log.exception("training job for seq_ids %s of %s raised", ids, self.name)
