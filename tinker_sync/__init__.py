@@ -1,6 +1,155 @@
-"""tinker_sync: a sync-first, thread-pool Python SDK for the Tinker fine-tuning API."""
+"""tinker_sync: a sync-first, thread-pool Python SDK for the Tinker fine-tuning API.
+
+Usage::
+
+    import tinker_sync as tinker
+
+    service = tinker.ServiceClient()
+    training = service.create_lora_training_client("Qwen/Qwen3-8B", rank=32)
+    fwd = training.forward_backward(data, "cross_entropy")
+    opt = training.optim_step(tinker.AdamParams(learning_rate=1e-4))
+    print(fwd.result().metrics, opt.result())
+
+Importing this package starts no thread, opens no socket and reads no credential; the public
+names below are loaded on first access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from tinker_sync._version import __version__
 
 __title__ = "tinker_sync"
 __protocol_version__ = "0.38.0"
+
+# name -> module that defines it (loaded lazily, PEP 562)
+_EXPORTS: dict[str, str] = {
+    # clients
+    "ServiceClient": "tinker_sync.service_client",
+    "TrainingClient": "tinker_sync.training_client",
+    "SamplingClient": "tinker_sync.sampling_client",
+    "RestClient": "tinker_sync.rest_client",
+    "APIFuture": "tinker_sync._futures",
+    "BackcompatTrainingClientFuture": "tinker_sync.training_client",
+    "BackcompatSamplingClientFuture": "tinker_sync.sampling_client",
+    # config
+    "RetryConfig": "tinker_sync.sampling_client",
+    "Timeout": "tinker_sync._config",
+    "RequestOptions": "tinker_sync._config",
+    # custom loss
+    "LossHandle": "tinker_sync.training_client",
+    "PerDatumLossFn": "tinker_sync.training_client",
+    # tokenizer
+    "TinkerTokenizer": "tinker_sync.tokenizer",
+    # common types
+    "AdamParams": "tinker_sync.types",
+    "AdamOptimizerConfig": "tinker_sync.types",
+    "DimuonParams": "tinker_sync.types",
+    "DimuonOptimizerConfig": "tinker_sync.types",
+    "OptimParams": "tinker_sync.types",
+    "Checkpoint": "tinker_sync.types",
+    "CheckpointType": "tinker_sync.types",
+    "Datum": "tinker_sync.types",
+    "DmelChunk": "tinker_sync.types",
+    "EncodedTextChunk": "tinker_sync.types",
+    "ForwardBackwardOutput": "tinker_sync.types",
+    "LoraConfig": "tinker_sync.types",
+    "ModelID": "tinker_sync.types",
+    "ModelInput": "tinker_sync.types",
+    "ModelInputChunk": "tinker_sync.types",
+    "OptimStepRequest": "tinker_sync.types",
+    "OptimStepResponse": "tinker_sync.types",
+    "ParsedCheckpointTinkerPath": "tinker_sync.types",
+    "PromptProvenanceSpan": "tinker_sync.types",
+    "SampledProvenanceSpan": "tinker_sync.types",
+    "SampledSequence": "tinker_sync.types",
+    "SampleRequest": "tinker_sync.types",
+    "SampleResponse": "tinker_sync.types",
+    "SamplingParams": "tinker_sync.types",
+    "StopReason": "tinker_sync.types",
+    "TensorData": "tinker_sync.types",
+    "TensorDtype": "tinker_sync.types",
+    "TrainingRun": "tinker_sync.types",
+    # exceptions
+    "TinkerError": "tinker_sync.exceptions",
+    "APIError": "tinker_sync.exceptions",
+    "APIStatusError": "tinker_sync.exceptions",
+    "BadRequestError": "tinker_sync.exceptions",
+    "AuthenticationError": "tinker_sync.exceptions",
+    "BillingError": "tinker_sync.exceptions",
+    "PermissionDeniedError": "tinker_sync.exceptions",
+    "NotFoundError": "tinker_sync.exceptions",
+    "ConflictError": "tinker_sync.exceptions",
+    "UnprocessableEntityError": "tinker_sync.exceptions",
+    "RateLimitError": "tinker_sync.exceptions",
+    "InternalServerError": "tinker_sync.exceptions",
+    "APIConnectionError": "tinker_sync.exceptions",
+    "APIConnectError": "tinker_sync.exceptions",
+    "APITimeoutError": "tinker_sync.exceptions",
+    "APIConnectTimeoutError": "tinker_sync.exceptions",
+    "SamplingStuckError": "tinker_sync.exceptions",
+    "APIResponseValidationError": "tinker_sync.exceptions",
+    "RequestFailedError": "tinker_sync.exceptions",
+    "FutureExpiredError": "tinker_sync.exceptions",
+    "FuturePollError": "tinker_sync.exceptions",
+    "ClientClosedError": "tinker_sync.exceptions",
+    "ForkedProcessError": "tinker_sync.exceptions",
+    "MissingCredentialsError": "tinker_sync.exceptions",
+    "TokenizerLoadError": "tinker_sync.exceptions",
+    "RequestOutcome": "tinker_sync.exceptions",
+    "RequestErrorCategory": "tinker_sync.exceptions",
+    "ExperimentalWarning": "tinker_sync.exceptions",
+}
+_SUBMODULES = ("types", "auth")
+
+__all__ = [
+    *sorted(_EXPORTS),
+    "__protocol_version__",
+    "__title__",
+    "__version__",
+    "auth",
+    "types",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is not None:
+        value = getattr(importlib.import_module(module_name), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"tinker_sync.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'tinker_sync' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
+    from tinker_sync import auth as auth
+    from tinker_sync import types as types
+    from tinker_sync._config import RequestOptions as RequestOptions
+    from tinker_sync._config import Timeout as Timeout
+    from tinker_sync._futures import APIFuture as APIFuture
+    from tinker_sync.exceptions import *  # noqa: F403
+    from tinker_sync.rest_client import RestClient as RestClient
+    from tinker_sync.sampling_client import (
+        BackcompatSamplingClientFuture as BackcompatSamplingClientFuture,
+    )
+    from tinker_sync.sampling_client import RetryConfig as RetryConfig
+    from tinker_sync.sampling_client import SamplingClient as SamplingClient
+    from tinker_sync.service_client import ServiceClient as ServiceClient
+    from tinker_sync.tokenizer import TinkerTokenizer as TinkerTokenizer
+    from tinker_sync.training_client import (
+        BackcompatTrainingClientFuture as BackcompatTrainingClientFuture,
+    )
+    from tinker_sync.training_client import LossHandle as LossHandle
+    from tinker_sync.training_client import PerDatumLossFn as PerDatumLossFn
+    from tinker_sync.training_client import TrainingClient as TrainingClient
+    from tinker_sync.types import *  # noqa: F403

@@ -1,0 +1,206 @@
+"""The per-future poll loop: ``POST /api/v1/retrieve_future`` until the result is known.
+
+Usage::
+
+    poll = Poll(session, request_id, "ForwardBackward", decode=decode_fwdbwd,
+                on_done=settle, created_at=t0)
+    pool("train-poll").submit(poll.run)
+
+Each iteration sends ``{"request_id", "allow_metadata_only"}`` with a 45 s read timeout and no
+HTTP retries (this loop owns them), the ``X-Tinker-Request-*`` headers and, for Sample /
+ForwardBackward / Forward, ``Accept: application/x-protobuf`` (B20). What happens next comes
+from :func:`tinker_sync._polldecide.decide_reply` (B21, B22). The loop is bounded by time
+(``poll_timeout``), never by an iteration count (B23), and it is iterative.
+
+Thread safety: a Poll runs on one pool thread. Fork safety: polls do not survive a fork; their
+futures fail in the child (``_futures``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tinker_sync._clock import exiting
+from tinker_sync._config import Timeout
+from tinker_sync._polldecide import Action, Decision, PollCounters, decide_reply
+from tinker_sync._polldecide import decide_transport_error as _transport_error
+from tinker_sync._ratelimit import Stopped
+from tinker_sync._session import Session
+from tinker_sync._transport import Pool, RequestSpec
+from tinker_sync.exceptions import (
+    APIConnectionError,
+    APIResponseValidationError,
+    ClientClosedError,
+)
+
+T = TypeVar("T")
+log = logging.getLogger("tinker_sync.polling")
+
+POLL_TIMEOUT = Timeout(45.0, connect=5.0)
+PROTO_KINDS = frozenset({"Sample", "ForwardBackward", "Forward"})
+
+#: ``on_done(value, error)``: exactly one of them is set; called once, outside every lock.
+Done = Callable[[Any, BaseException | None], None]
+#: ``on_queue_state(state, reason)``: observer of try_again queue states.
+QueueObserver = Callable[[str, str | None], None]
+
+
+class Poll:
+    """One future's poll loop; ``run()`` blocks until ``on_done`` has been called."""
+
+    def __init__(
+        self,
+        session: Session,
+        request_id: str,
+        request_type: str,
+        *,
+        decode: Callable[[Decision], Any],
+        on_done: Done,
+        created_at: float,
+        sdk_method: str | None = None,
+        poll_timeout: float | None = None,
+        is_cancelled: Callable[[], bool] = lambda: False,
+        on_queue_state: QueueObserver | None = None,
+        sampling: bool = False,
+        allow_metadata_only: bool = True,
+    ) -> None:
+        self.session = session
+        self.request_id = request_id
+        self.request_type = request_type
+        self.decode = decode
+        self.on_done = on_done
+        self.created_at = created_at
+        self.sdk_method = sdk_method
+        self.poll_timeout = poll_timeout
+        self.is_cancelled = is_cancelled
+        self.on_queue_state = on_queue_state
+        self.sampling = sampling
+        self.allow_metadata_only = allow_metadata_only
+        self.counters = PollCounters()
+        self._reserved = 0
+
+    def _spec(self) -> RequestSpec:
+        iteration = self.counters.iteration
+        headers = {
+            "X-Tinker-Request-Iteration": str(iteration),
+            "X-Tinker-Request-Type": self.request_type,
+        }
+        if iteration == 0:
+            roundtrip = max(0.0, self.session.clock.monotonic() - self.created_at)
+            headers["X-Tinker-Create-Promise-Roundtrip-Time"] = f"{roundtrip:.6f}"
+        return RequestSpec(
+            method="POST",
+            path="/api/v1/retrieve_future",
+            pool=Pool.RETRIEVE_PROMISE,
+            json={"request_id": self.request_id, "allow_metadata_only": self.allow_metadata_only},
+            timeout=POLL_TIMEOUT,
+            headers=headers,
+            expect="proto" if self.request_type in PROTO_KINDS else "json",
+            max_retries=0,
+            sdk_method=self.sdk_method,
+        )
+
+    def _finish(self, value: Any, error: BaseException | None) -> None:
+        if self._reserved:
+            self.session.limiter.release_response_bytes(self._reserved)
+            self._reserved = 0
+        if self.on_queue_state is not None and error is None:
+            self._observe("active", None)
+        self.on_done(value, error)
+
+    def _observe(self, state: str, reason: str | None) -> None:
+        assert self.on_queue_state is not None
+        try:
+            self.on_queue_state(state, reason)
+        except Exception:
+            log.exception("queue-state observer failed")
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # never drop a failure (B19)
+            self._finish(None, exc)
+
+    def _stop_reason(self) -> BaseException | None:
+        if self.session.closed:
+            return ClientClosedError("the client was closed while this request was pending")
+        return None
+
+    def _run(self) -> None:
+        clock = self.session.clock
+        deadline = None if self.poll_timeout is None else clock.monotonic() + self.poll_timeout
+        transport = self.session.transport
+        billing_window = float(self.session.server.billing_exception_max_pause_duration_sec)
+        while True:
+            if self.is_cancelled():
+                self._finish(None, None)
+                return
+            stop = self._stop_reason()
+            if stop is not None:
+                self._finish(None, stop)
+                return
+            started = clock.monotonic()
+            try:
+                reply = transport.send_once(self._spec())
+            except APIConnectionError as exc:
+                decision = _transport_error(exc, self.counters)
+            else:
+                decision = decide_reply(
+                    reply.status,
+                    reply.headers,
+                    reply.content,
+                    self.counters,
+                    request_id=self.request_id,
+                    now=clock.monotonic(),
+                    elapsed=clock.monotonic() - started,
+                    jitter=clock.random(),
+                    billing_window_s=billing_window,
+                )
+            self.counters.iteration += 1
+            action = decision.action
+            if action is Action.RESULT:
+                try:
+                    value = self.decode(decision)
+                except Exception as exc:
+                    err = APIResponseValidationError(
+                        f"could not decode the result of {self.request_id}: {exc}"
+                    )
+                    err.__cause__ = exc
+                    self._finish(None, err)
+                    return
+                self._finish(value, None)
+                return
+            if action is Action.FAIL:
+                assert decision.exc is not None
+                self._finish(None, decision.exc)
+                return
+            if action is Action.METADATA:
+                size = decision.payload_size
+                try:
+                    self.session.limiter.reserve_response_bytes(size, self._stop_reason)
+                except Stopped as stopped:
+                    self._finish(None, stopped.exc)
+                    return
+                self._reserved = size
+                self.allow_metadata_only = False
+                continue
+            if action is Action.PENDING and decision.queue_state:
+                if self.on_queue_state is not None:
+                    self._observe(decision.queue_state, decision.queue_state_reason)
+                if self.sampling and decision.queue_state.startswith("paused"):
+                    self.session.limiter.set_backoff(1.0, f"queue {decision.queue_state}")
+            delay = decision.delay
+            if deadline is not None and clock.monotonic() + delay >= deadline:
+                err = TimeoutError(
+                    f"polling {self.request_id} exceeded poll_timeout={self.poll_timeout} s"
+                )
+                err.__cause__ = self.counters.last_error
+                self._finish(None, err)
+                return
+            if delay > 0:
+                clock.sleep(delay, f"poll:{decision.reason}")
+            if exiting():
+                self._finish(None, ClientClosedError("the interpreter is exiting"))
+                return

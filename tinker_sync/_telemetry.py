@@ -1,0 +1,165 @@
+"""Batched background telemetry that never raises into user code (B48).
+
+Usage (inside the session)::
+
+    telemetry = Telemetry(session, enabled=config.telemetry)
+    telemetry.generic("APIFuture.result.connection_error", {"request_id": rid})
+    telemetry.report_exception(exc)      # UNHANDLED_EXCEPTION or user_error, then SESSION_END
+
+Events queue (at most 10,000; overflow drops new events with one warning) and are flushed by
+the session timer thread every 10 s, or as soon as 100 are queued, in batches of at most 100.
+A reply other than exactly ``{"status": "accepted"}`` drops the batch. Opt out with
+``TINKER_TELEMETRY=0``.
+
+Thread safety: all methods are thread-safe. Fork safety: ``process_uuid`` is new in a child.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as _dt
+import logging
+import os
+import platform
+import threading
+import traceback
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from tinker_sync._config import PROTOCOL_VERSION, Timeout
+from tinker_sync._transport import Pool, RequestSpec
+
+if TYPE_CHECKING:
+    from tinker_sync._session import Session
+
+log = logging.getLogger("tinker_sync.telemetry")
+
+MAX_QUEUE = 10_000
+BATCH = 100
+FLUSH_EVERY_S = 10.0
+_TIMEOUT = Timeout(5.0, connect=5.0)
+_process_uuid = str(uuid.uuid4())
+
+
+def _new_process_uuid() -> None:
+    global _process_uuid
+    _process_uuid = str(uuid.uuid4())
+
+
+os.register_at_fork(after_in_child=_new_process_uuid)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Telemetry:
+    """One reporter per session. Thread-safe; never raises."""
+
+    def __init__(self, session: Session, *, enabled: bool) -> None:
+        self.session = session
+        self.enabled = enabled
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._index = 0
+        self._dropped_warned = False
+        self._last_flush = session.clock.monotonic()
+        self._started = session.clock.monotonic()
+        self._session_id = session.session_id or f"sessionless-{uuid.uuid4()}"
+        self._ended = False
+        self.sent_batches = 0
+        self._event("SESSION_START", "INFO", {})
+
+    def _event(self, kind: str, severity: str, fields: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            if len(self._queue) >= MAX_QUEUE:
+                if not self._dropped_warned:
+                    self._dropped_warned = True
+                    log.warning("telemetry queue is full (%d events); dropping new events",
+                                MAX_QUEUE)
+                return
+            event = {
+                "event": kind,
+                "event_id": str(uuid.uuid4()),
+                "event_session_index": self._index,
+                "severity": severity,
+                "timestamp": _now(),
+                **fields,
+            }
+            self._index += 1
+            self._queue.append(event)
+
+    def generic(self, name: str, data: dict[str, Any], severity: str = "INFO") -> None:
+        self._event("GENERIC_EVENT", severity, {"event_name": name, "event_data": data})
+
+    def report_exception(self, exc: BaseException, *, user_error: bool) -> None:
+        """Report an exception that escaped a public call, then SESSION_END, then flush."""
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        if user_error:
+            self.generic("user_error", {"error_type": type(exc).__name__,
+                                        "error_message": str(exc)}, "WARNING")
+        else:
+            self._event("UNHANDLED_EXCEPTION", "ERROR", {
+                "error_type": type(exc).__name__,
+                "error_message": str(exc),
+                "traceback": "".join(traceback.format_exception(exc))[-8000:],
+            })
+        duration = _dt.timedelta(seconds=self.session.clock.monotonic() - self._started)
+        self._event("SESSION_END", "INFO", {"duration": str(duration)})
+        self.flush()
+
+    def next_flush_in(self) -> float:
+        if len(self._queue) >= BATCH:
+            return 0.0
+        return max(0.0, self._last_flush + FLUSH_EVERY_S - self.session.clock.monotonic())
+
+    def flush(self) -> None:
+        """Send queued events in batches of at most 100; failures only log."""
+        if not self.enabled:
+            return
+        with self._flush_lock:
+            self._last_flush = self.session.clock.monotonic()
+            while True:
+                with self._lock:
+                    batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
+                if not batch:
+                    return
+                self._send(batch)
+
+    def _send(self, batch: list[dict[str, Any]]) -> None:
+        transport = self.session._transport
+        if transport is None or transport.closed:
+            return
+        body = {
+            "events": batch,
+            "platform": platform.system(),
+            "sdk_version": PROTOCOL_VERSION,
+            "session_id": self._session_id,
+            "process_uuid": _process_uuid,
+        }
+        spec = RequestSpec(method="POST", path="/api/v1/telemetry", pool=Pool.TELEMETRY,
+                           json=body, timeout=_TIMEOUT, max_retries=0, sdk_method=None)
+        try:
+            reply = transport.send_once(spec)
+            accepted = reply.status < 400 and reply.json() == {"status": "accepted"}
+        except Exception as exc:
+            log.debug("telemetry batch dropped: %s", exc)
+            return
+        if accepted:
+            self.sent_batches += 1
+        else:
+            log.debug("telemetry batch dropped: server answered %d", reply.status)
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        except Exception:
+            log.debug("final telemetry flush failed", exc_info=True)

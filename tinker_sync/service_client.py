@@ -1,0 +1,518 @@
+"""``ServiceClient``: the entry point; creates training, sampling and REST clients.
+
+Usage::
+
+    with tinker_sync.ServiceClient() as service:        # no I/O until first use
+        training = service.create_lora_training_client("Qwen/Qwen3-8B", rank=32)
+        sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+
+Creation methods block and return the client (0.2x style); ``.result()`` on the returned client
+returns it at once, so 0.38-style ``create_...(...).result()`` also runs.
+
+Thread safety: share freely; the session starts once however many threads race (B45).
+Fork safety: in a forked child the REST helpers work, while ``create_*`` methods start a new
+session only if this client was never started in the parent, else raise ForkedProcessError.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+from tinker_sync._clock import SYSTEM_CLOCK, Clock
+from tinker_sync._config import ClientConfig, Timeout, normalize_base_url
+from tinker_sync._futures import APIFuture
+from tinker_sync._polldecide import Decision
+from tinker_sync._polling import Poll
+from tinker_sync._queuestate import QueueStateReporter
+from tinker_sync._session import Session
+from tinker_sync._transport import Hook, Pool, RequestSpec, quote_path, sdk_method_scope
+from tinker_sync._wire._converter import from_json, to_json
+from tinker_sync.exceptions import (
+    ExperimentalWarning,
+    NotFoundError,
+    UnprocessableEntityError,
+)
+from tinker_sync.types import (
+    AdamOptimizerConfig,
+    CreateModelResponse,
+    GetInfoResponse,
+    GetSamplerResponse,
+    GetServerCapabilitiesResponse,
+    LoadWeightsResponse,
+    LoraConfig,
+    OptimizerConfig,
+    ParsedCheckpointTinkerPath,
+    UntypedAPIFuture,
+)
+
+if TYPE_CHECKING:
+    from tinker_sync.rest_client import RestClient
+    from tinker_sync.sampling_client import RetryConfig, SamplingClient
+    from tinker_sync.training_client import LossHandle, PerDatumLossFn, TrainingClient
+
+log = logging.getLogger("tinker_sync.service")
+
+#: Servers known to answer create-via-load with 404/422 (B64): they get the older flow.
+_legacy_load_servers: set[str] = set()
+_legacy_lock = threading.Lock()
+
+
+class ServiceClient:
+    """Entry point to the Tinker service. Thread-safe; see the module docs for fork rules.
+
+    :param user_metadata: attached to the session.
+    :param project_id: session project (falls back to ``TINKER_PROJECT_ID``).
+    :param base_url: falls back to ``TINKER_BASE_URL``, then the hosted service.
+    :param api_key: falls back to ``TINKER_API_KEY``, ``TINKER_CREDENTIAL_CMD``,
+        ``~/.tinker/credentials.json`` (resolved at first use).
+    :param timeout: seconds or :class:`Timeout` for ordinary requests (default 60, connect 5).
+    :param max_retries: HTTP-level retries per request (default 10).
+    :param pickle_credentials: let pickled SamplingClients carry the API key (default False).
+    :param hooks: callables receiving ``HookEvent`` objects (requests, retries, backoffs).
+    """
+
+    def __init__(
+        self,
+        user_metadata: dict[str, str] | None = None,
+        project_id: str | None = None,
+        *,
+        display_name: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        default_headers_overrides: Mapping[str, str] | None = None,
+        default_headers: Mapping[str, str] | None = None,
+        timeout: float | Timeout | None = None,
+        max_retries: int | None = None,
+        max_workers: int | None = None,
+        pickle_credentials: bool = False,
+        hooks: tuple[Hook, ...] | list[Hook] | None = None,
+        _clock: Clock = SYSTEM_CLOCK,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs:
+            warnings.warn(
+                f"ServiceClient ignores unknown keyword arguments: {', '.join(sorted(kwargs))}",
+                FutureWarning,
+                stacklevel=2,
+            )
+        if max_workers is not None and (isinstance(max_workers, bool) or max_workers < 1):
+            raise ValueError(f"max_workers must be a positive int, got {max_workers!r}")
+        self._config = ClientConfig.from_env(
+            base_url=base_url,
+            api_key=api_key,
+            project_id=project_id,
+            default_headers=default_headers,
+            default_headers_overrides=default_headers_overrides,
+            timeout=timeout,
+            max_retries=max_retries,
+            clock=_clock,
+        )
+        self._clock = _clock
+        self._hooks: tuple[Hook, ...] = tuple(hooks or ())
+        self._session = Session(
+            self._config,
+            clock=_clock,
+            hooks=self._hooks,
+            user_metadata=user_metadata,
+            display_name=display_name,
+        )
+        self.pickle_credentials = bool(pickle_credentials)
+        self._training_queue_observer = QueueStateReporter("training", _clock)
+        self._close_future: APIFuture[None] | None = None
+        self._rest: RestClient | None = None
+
+    def __repr__(self) -> str:
+        sid = self._session.session_id
+        return f"<ServiceClient base_url={self._config.base_url!r} session_id={sid!r}>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("ServiceClient cannot be pickled; build one in each process")
+
+    # ---------------------------------------------------------------- training clients
+
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict[str, str] | None = None,
+        optimizer: OptimizerConfig | None = None,
+    ) -> TrainingClient:
+        """Create a LoRA training run and return its client (blocks through queueing)."""
+        with sdk_method_scope("ServiceClient.create_lora_training_client"):
+            if not isinstance(base_model, str) or not base_model:
+                raise ValueError("base_model must be a non-empty str")
+            if not (train_mlp or train_attn or train_unembed):
+                raise ValueError("at least one of train_mlp, train_attn, train_unembed must be True")
+            lora = LoraConfig(rank=rank, seed=seed, train_unembed=train_unembed,
+                              train_mlp=train_mlp, train_attn=train_attn)
+            optimizer = optimizer if optimizer is not None else AdamOptimizerConfig()
+            session = self._started_session()
+            model_seq = session.next_counter("model")
+            body: dict[str, Any] = {
+                "session_id": session.session_id,
+                "model_seq_id": model_seq,
+                "base_model": base_model,
+                "lora_config": to_json(lora),
+                "optimizer_config": to_json(optimizer),
+                "type": "create_model",
+            }
+            if user_metadata is not None:
+                body["user_metadata"] = dict(user_metadata)
+            created = self._submit_and_wait(
+                RequestSpec(method="POST", path="/api/v1/create_model", pool=Pool.TRAIN,
+                            json=body),
+                "CreateModel",
+                lambda d: from_json(CreateModelResponse, d.body),
+                loop=False,
+            )
+            return self._training_client(created.model_id)
+
+    def _training_client(self, model_id: str) -> TrainingClient:
+        from tinker_sync.training_client import TrainingClient
+
+        info = self._get_info(model_id)
+        return TrainingClient(self, model_id, info)
+
+    def _get_info(self, model_id: str) -> GetInfoResponse:
+        reply = self._session.request(
+            RequestSpec(method="POST", path="/api/v1/get_info", pool=Pool.TRAIN,
+                        json={"model_id": model_id, "type": "get_info"})
+        )
+        info = from_json(GetInfoResponse, reply.json())
+        tokenizer_id = info.model_data.tokenizer_id
+        if tokenizer_id and ":" in tokenizer_id:
+            info = info.model_copy(update={
+                "model_data": info.model_data.model_copy(
+                    update={"tokenizer_id": tokenizer_id.split(":", 1)[0]})
+            })
+        return info
+
+    def create_training_client_from_state(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+        optimizer: OptimizerConfig | None = None,
+    ) -> TrainingClient:
+        """A new run initialised from checkpoint weights; the optimizer starts fresh."""
+        with sdk_method_scope("ServiceClient.create_training_client_from_state"):
+            return self._from_state(path, False, base_model, user_metadata,
+                                    weights_access_token, optimizer)
+
+    def create_training_client_from_state_with_optimizer(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> TrainingClient:
+        """A new run restored from a checkpoint, optimizer state included: how to resume."""
+        with sdk_method_scope("ServiceClient.create_training_client_from_state_with_optimizer"):
+            return self._from_state(path, True, base_model, user_metadata,
+                                    weights_access_token, None)
+
+    def _from_state(
+        self,
+        path: str,
+        with_optimizer: bool,
+        base_model: str | None,
+        user_metadata: dict[str, str] | None,
+        weights_access_token: str | None,
+        optimizer: OptimizerConfig | None,
+    ) -> TrainingClient:
+        ParsedCheckpointTinkerPath.from_tinker_path(path)
+        session = self._started_session()
+        server_key = normalize_base_url(self._config.base_url)
+        if server_key not in _legacy_load_servers:
+            model_seq = session.next_counter("model")
+            body: dict[str, Any] = {
+                "session_id": session.session_id,
+                "model_seq_id": model_seq,
+                "path": path,
+                "optimizer": with_optimizer,
+                "type": "load_weights",
+            }
+            if base_model is not None:
+                body["base_model"] = base_model
+            if user_metadata is not None:
+                body["user_metadata"] = dict(user_metadata)
+            if optimizer is not None:
+                body["optimizer_config"] = to_json(optimizer)
+            if weights_access_token is not None:
+                body["weights_access_token"] = weights_access_token
+            try:
+                loaded = self._submit_and_wait(
+                    RequestSpec(method="POST", path="/api/v1/load_weights", pool=Pool.TRAIN,
+                                json=body),
+                    "LoadWeights",
+                    lambda d: from_json(LoadWeightsResponse, d.body),
+                )
+            except (NotFoundError, UnprocessableEntityError) as exc:
+                with _legacy_lock:
+                    _legacy_load_servers.add(server_key)
+                log.info("server rejected create-via-load (%s); using the older "
+                         "weights_info -> create_model -> load_weights flow", exc.status_code)
+            else:
+                model_id = loaded.model_id or f"{session.session_id}:train:{model_seq}"
+                return self._training_client(model_id)
+        return self._from_state_legacy(path, with_optimizer, base_model, user_metadata,
+                                       weights_access_token, optimizer)
+
+    def _from_state_legacy(
+        self,
+        path: str,
+        with_optimizer: bool,
+        base_model: str | None,
+        user_metadata: dict[str, str] | None,
+        weights_access_token: str | None,
+        optimizer: OptimizerConfig | None,
+    ) -> TrainingClient:
+        info = self.create_rest_client().get_weights_info_by_tinker_path(path).result()
+        training = self.create_lora_training_client(
+            base_model or info.base_model,
+            rank=info.lora_rank or 32,
+            train_mlp=info.train_mlp if info.train_mlp is not None else True,
+            train_attn=info.train_attn if info.train_attn is not None else True,
+            train_unembed=info.train_unembed if info.train_unembed is not None else True,
+            user_metadata=user_metadata,
+            optimizer=optimizer,
+        )
+        if with_optimizer:
+            training.load_state_with_optimizer(path, weights_access_token).result()
+        else:
+            training.load_state(path, weights_access_token).result()
+        return training
+
+    # ---------------------------------------------------------------- sampling clients
+
+    def create_sampling_client(
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: RetryConfig | None = None,
+        record_stability_info: bool = False,
+    ) -> SamplingClient:
+        """Create a sampling session on saved weights (``tinker://``) or a base model."""
+        with sdk_method_scope("ServiceClient.create_sampling_client"):
+            from tinker_sync.sampling_client import SamplingClient
+
+            if model_path is None and base_model is None:
+                raise ValueError("create_sampling_client needs model_path or base_model")
+            if model_path is not None and (
+                not isinstance(model_path, str) or not model_path.startswith("tinker://")
+            ):
+                raise ValueError(f"model_path must start with 'tinker://', got {model_path!r}")
+            session = self._started_session()
+            seq = session.next_counter("sampling")
+            body: dict[str, Any] = {
+                "session_id": session.session_id,
+                "sampling_session_seq_id": seq,
+                "type": "create_sampling_session",
+            }
+            if base_model is not None:
+                body["base_model"] = base_model
+            if model_path is not None:
+                body["model_path"] = model_path
+            reply = session.request(
+                RequestSpec(method="POST", path="/api/v1/create_sampling_session",
+                            pool=Pool.SESSION, json=body),
+                loop=False,
+            )
+            data = reply.json()
+            sampler_id = data.get("sampling_session_id") if isinstance(data, dict) else None
+            if not isinstance(sampler_id, str):
+                from tinker_sync.exceptions import APIResponseValidationError
+
+                raise APIResponseValidationError(
+                    "create_sampling_session answered without sampling_session_id",
+                    response=reply.snapshot(),
+                )
+            tokenizer_id: str | None = None
+            if base_model is None:
+                sampler = self._get_sampler(sampler_id)
+                base_model = sampler.base_model
+                tokenizer_id = getattr(sampler, "tokenizer_id", None)
+            return SamplingClient._create(
+                self,
+                sampler_id,
+                base_model=base_model,
+                model_path=model_path,
+                tokenizer_id=tokenizer_id,
+                retry_config=retry_config,
+                record_stability_info=record_stability_info,
+            )
+
+    def _get_sampler(self, sampler_id: str) -> GetSamplerResponse:
+        reply = self._session.request(
+            RequestSpec(method="GET", path=f"/api/v1/samplers/{quote_path(sampler_id)}",
+                        pool=Pool.TRAIN)
+        )
+        return from_json(GetSamplerResponse, reply.json())
+
+    # ---------------------------------------------------------------- other operations
+
+    def get_server_capabilities(self) -> GetServerCapabilitiesResponse:
+        """Models the server offers (blocks)."""
+        with sdk_method_scope("ServiceClient.get_server_capabilities"):
+            return self.create_rest_client().get_server_capabilities().result()
+
+    def create_rest_client(self) -> RestClient:
+        """A RestClient with this client's base URL, key, headers and knobs."""
+        from tinker_sync.rest_client import RestClient
+
+        if self._rest is None:
+            self._rest = RestClient._from_config(self._config, hooks=self._hooks,
+                                                 clock=self._clock)
+        return self._rest
+
+    def copy_weights(
+        self,
+        path: str,
+        *,
+        ttl_seconds: int | None = None,
+        weights_access_token: str | None = None,
+    ) -> APIFuture[str]:
+        """Server-side copy of a checkpoint into this client's project."""
+        with sdk_method_scope("ServiceClient.copy_weights"):
+            return self.create_rest_client().copy_weights(
+                path, self._config.project_id, ttl_seconds=ttl_seconds,
+                weights_access_token=weights_access_token,
+            )
+
+    def create_custom_loss(
+        self, fn: PerDatumLossFn, input_ranks: Mapping[str, int]
+    ) -> APIFuture[LossHandle]:
+        """(alpha) A handle that ``forward_backward_custom`` runs client-side; no request."""
+        from tinker_sync._futures import completed
+        from tinker_sync.training_client import LossHandle
+
+        warnings.warn("create_custom_loss is experimental", ExperimentalWarning, stacklevel=2)
+        if not callable(fn):
+            raise TypeError("fn must be callable")
+        for name, rank in input_ranks.items():
+            if rank not in (0, 1, 2):
+                raise ValueError(f"input_ranks[{name!r}] must be 0, 1 or 2, got {rank!r}")
+        return completed(LossHandle(fn, input_ranks))
+
+    def get_console_url(self) -> str:
+        sid = self._session.session_id
+        base = "https://tinker-console.thinkingmachines.ai"
+        return f"{base}/sessions/{sid}" if sid else f"{base}/sessions"
+
+    # ---------------------------------------------------------------- lifecycle (B47)
+
+    def close(
+        self,
+        status: Literal["success", "errored", "interrupted"] = "success",
+        detail: str | None = None,
+    ) -> APIFuture[None]:
+        """Finish the session and release resources; idempotent (the first reason wins)."""
+        if status not in ("success", "errored", "interrupted"):
+            raise ValueError(f"status must be success, errored or interrupted, got {status!r}")
+        if self._close_future is not None:
+            return self._close_future
+        fut: APIFuture[None] = APIFuture(cancellable=False, description="close")
+        self._close_future = fut
+        try:
+            self._session.close(status, detail)
+        except BaseException as exc:
+            fut._fail(exc)
+        else:
+            fut._resolve(None)
+        if self._rest is not None:
+            self._rest.close()
+        return fut
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            status: Literal["success", "errored", "interrupted"] = "success"
+        elif isinstance(exc, Exception):
+            status = "errored"
+        else:
+            status = "interrupted"
+        self.close(status, None if exc is None else f"{type(exc).__name__}: {exc}").result()
+
+    # ---------------------------------------------------------------- async aliases
+
+    async def create_lora_training_client_async(self, *args: Any, **kwargs: Any
+                                                ) -> TrainingClient:
+        from tinker_sync._asyncio import run_blocking
+
+        return await run_blocking(self.create_lora_training_client, *args, **kwargs)
+
+    async def create_training_client_from_state_async(self, *args: Any, **kwargs: Any
+                                                      ) -> TrainingClient:
+        from tinker_sync._asyncio import run_blocking
+
+        return await run_blocking(self.create_training_client_from_state, *args, **kwargs)
+
+    async def create_training_client_from_state_with_optimizer_async(
+        self, *args: Any, **kwargs: Any
+    ) -> TrainingClient:
+        from tinker_sync._asyncio import run_blocking
+
+        return await run_blocking(
+            self.create_training_client_from_state_with_optimizer, *args, **kwargs
+        )
+
+    async def create_sampling_client_async(self, *args: Any, **kwargs: Any) -> SamplingClient:
+        from tinker_sync._asyncio import run_blocking
+
+        return await run_blocking(self.create_sampling_client, *args, **kwargs)
+
+    async def get_server_capabilities_async(self) -> GetServerCapabilitiesResponse:
+        from tinker_sync._asyncio import run_blocking
+
+        return await run_blocking(self.get_server_capabilities)
+
+    # ---------------------------------------------------------------- internals
+
+    def _started_session(self) -> Session:
+        session = self._session
+        session.check_open()
+        session.ensure_started()
+        return session
+
+    def _submit_and_wait(
+        self,
+        spec: RequestSpec,
+        request_type: str,
+        decode: Callable[[Decision], Any],
+        *,
+        loop: bool = True,
+    ) -> Any:
+        """Submit, then poll in this thread until the future's result is known."""
+        session = self._session
+        created_at = session.clock.monotonic()
+        reply = session.request(spec, loop=loop)
+        request_id = from_json(UntypedAPIFuture, reply.json()).request_id
+        outcome: list[Any] = [None, None]
+
+        def done(value: Any, error: BaseException | None) -> None:
+            outcome[0], outcome[1] = value, error
+
+        Poll(session, request_id, request_type, decode=decode, on_done=done,
+             created_at=created_at, sdk_method=spec.sdk_method,
+             on_queue_state=self._training_queue_observer).run()
+        if outcome[1] is not None:
+            raise outcome[1]
+        return outcome[0]
+
