@@ -1,0 +1,39 @@
+"""Shared fixtures: a fresh LocalServer per test (own port, so own limiter key)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tinker_sync._ratelimit import reset_limiters
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No test sees the developer's Tinker credentials or telemetry settings."""
+    for name in list(os.environ):
+        if name.startswith(("TINKER_", "CLOUDFLARE_ACCESS_")):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    monkeypatch.setenv("HOME", os.environ.get("TINKER_SYNC_TEST_HOME", "/nonexistent-home"))
+    yield
+
+
+@pytest.fixture
+def server() -> Iterator[object]:
+    from tinker_sync.local import LocalServer
+
+    with LocalServer(backend="instant", long_poll_s=2.0) as srv:
+        yield srv
+    reset_limiters()
+
+
+@pytest.fixture
+def service(server):  # type: ignore[no-untyped-def]
+    import tinker_sync
+
+    client = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key)
+    yield client
+    client.close()
