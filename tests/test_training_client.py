@@ -55,3 +55,166 @@ def test_64_threads_each_send_fwd_bwd_then_optim_step_in_order(server, service):
         assert fwd_seq < opt_seq, (fwd_seq, opt_seq)
     assert sum(kind == "ForwardBackward" for _, kind in log) == 64
     assert sum(kind == "OptimStep" for _, kind in log) == 64
+
+
+def small(n: int) -> list[types.Datum]:
+    return [datum(2, offset=i) for i in range(n)]
+
+
+def fwd_arrivals(server) -> list[int]:
+    return [r.proto["seq_id"] for r in server.requests.filter(endpoint="forward_backward")
+            if r.status == 200]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_3000_datums_go_as_3_chunks_lowest_last_then_optim_step(parallel):
+    """T-A2 (B3, B26): chunk order follows the server's policy; optim_step comes after."""
+    from tinker_sync.local import LocalServer
+
+    config = {"parallel_fwdbwd_chunks": parallel}
+    with LocalServer(client_config=config, long_poll_s=2.0) as server:
+        with tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as service:
+            training = service.create_lora_training_client("base", rank=4)
+            fwd = training.forward_backward(small(3000), "cross_entropy")
+            opt = training.optim_step(types.AdamParams())
+            out = fwd.result(HANG)
+            opt.result(HANG)
+            assert len(out.loss_fn_outputs) == 3000
+            assert len(fwd.request_ids) == 3
+            arrivals = fwd_arrivals(server)
+            if parallel:
+                assert sorted(arrivals[:2]) == [2, 3] and arrivals[2] == 1
+            else:
+                assert arrivals == [1, 2, 3]
+            (opt_req,) = server.requests.filter(endpoint="optim_step")
+            assert opt_req.json["seq_id"] == 4
+            fwd_times = [r.time for r in server.requests.filter(endpoint="forward_backward")]
+            assert opt_req.time >= max(fwd_times)
+            assert [s for s, _ in applied(server, training.model_id)] == [0, 1, 2, 3, 4]
+
+
+def test_retried_chunk_reuses_seq_id_and_idempotency_key(server):
+    """T-A3 (B4, B34): 500, 500, 200 share seq_id and key; the next op leaves after."""
+    from tinker_sync._clock import FakeClock
+
+    clock = FakeClock(rng=lambda: 1.0)
+    service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key,
+                                        _clock=clock)
+    try:
+        training = service.create_lora_training_client("base", rank=4)
+        server.faults.add("forward_backward 500 x2")
+        fwd = training.forward_backward([datum()], "cross_entropy")
+        opt = training.optim_step(types.AdamParams())
+        fwd.result(HANG)
+        opt.result(HANG)
+        attempts = server.requests.filter(endpoint="forward_backward")
+        assert [r.status for r in attempts] == [500, 500, 200]
+        assert {r.proto["seq_id"] for r in attempts} == {1}
+        keys = {r.headers["x-idempotency-key"] for r in attempts}
+        assert len(keys) == 1 and None not in keys
+        (opt_req,) = server.requests.filter(endpoint="optim_step")
+        assert opt_req.time >= attempts[-1].time
+        assert clock.sleeps_for("http-retry") == [0.5, 1.0]
+    finally:
+        service.close()
+
+
+def test_cancel_returns_false_and_the_op_is_still_sent(server, service):
+    """T-A5 (B6): a queued training handle cannot be cancelled; 20 later ops complete."""
+    training = service.create_lora_training_client("base", rank=4)
+    first = training.forward_backward([datum()], "cross_entropy")
+    assert first.cancel() is False
+    later = [training.optim_step(types.AdamParams()) for _ in range(20)]
+    first.result(HANG)
+    for f in later:
+        f.result(HANG)
+    assert [s for s, _ in applied(server, training.model_id)] == list(range(22))
+
+
+def test_optim_step_is_accepted_while_fwd_result_is_held():
+    """T-A6 (B4): polling never holds the turn; optim_step is sent while fwd is pending."""
+    from tinker_sync.local import LocalServer
+
+    with LocalServer(long_poll_s=1.0) as server:
+        with tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as service:
+            training = service.create_lora_training_client("base", rank=4)
+            server.pause("paused_capacity", kind="training")
+            fwd = training.forward_backward([datum()], "cross_entropy")
+            opt = training.optim_step(types.AdamParams())
+            server.requests.wait_for("optim_step", 1, timeout=HANG)
+            assert not fwd.done()
+            server.resume()
+            fwd.result(HANG)
+            opt.result(HANG)
+
+
+def test_validation_errors_consume_no_seq_id(server, service):
+    """T-A7 (B2): every local error is raised before a seq_id is taken."""
+    training = service.create_lora_training_client("base", rank=4)
+    pointer = types.ImageAssetPointerChunk(format="png", location="x", expected_tokens=2)
+    bad_calls = [
+        lambda: training.forward_backward([], "cross_entropy"),
+        lambda: training.forward_backward([datum()], "not_a_loss"),
+        lambda: training.forward_backward(
+            [types.Datum(model_input=types.ModelInput(chunks=[pointer]),
+                         loss_fn_inputs={"target_tokens": [1, 2]})], "cross_entropy"),
+        lambda: training.optim_step(),
+        lambda: training.optim_step(types.AdamParams(), adam_params=types.AdamParams()),
+        lambda: training.optim_step("adam"),  # type: ignore[arg-type]
+        lambda: training.save_state(""),
+        lambda: training.save_state("a/b"),
+        lambda: training.load_state("not-a-tinker-path"),
+    ]
+    for call in bad_calls:
+        with pytest.raises((ValueError, TypeError)):
+            call()
+    assert training._sequencer.next_seq_id == 1
+    training.optim_step(types.AdamParams()).result(HANG)
+    assert [s for s, _ in applied(server, training.model_id)] == [0, 1]
+    assert server.requests.count("forward_backward") == 0
+
+
+def test_32_clients_8_threads_mixed_ops_all_finish(server, service):
+    """T-A8 (B3, B54): no pool deadlock with many clients and threads."""
+    from tinker_sync._executor import configure_threads, _pools
+
+    clients = [service.create_lora_training_client("base", rank=4) for _ in range(32)]
+    barrier = threading.Barrier(8)
+    futures: list[concurrent.futures.Future] = []
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        barrier.wait(HANG)
+        for j, training in enumerate(clients):
+            fs = [training.forward_backward(small(3), "cross_entropy"),
+                  training.optim_step(types.AdamParams())]
+            if (j + k) % 8 == 0:
+                fs.append(training.forward(small(2), "cross_entropy"))
+            with lock:
+                futures.extend(fs)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HANG)
+    done, not_done = concurrent.futures.wait(futures, timeout=HANG * 2)
+    assert not not_done
+    assert all(f.exception() is None for f in done)
+    for training in clients:
+        seqs = [s for s, _ in applied(server, training.model_id)]
+        assert seqs == list(range(len(seqs)))
+    del configure_threads, _pools
+
+
+def test_metadata_calls_do_not_queue_behind_a_held_send(server, service):
+    """T-A9 (B7): get_info and get_tokenizer return while a submission is held open."""
+    training = service.create_lora_training_client("base", rank=4)
+    server.faults.add("forward_backward delay=3")
+    fwd = training.forward_backward([datum()], "cross_entropy")
+    server.requests.wait_for("forward_backward", 0, timeout=HANG)
+    assert training.get_info().model_id == training.model_id
+    tok = training.get_tokenizer()
+    assert tok.decode(tok.encode("hi", add_special_tokens=False)) == "hi"
+    assert not fwd.done()
+    fwd.result(HANG)

@@ -31,9 +31,13 @@ _known: set[str] = set()
 _known_pattern: re.Pattern[str] | None = None
 
 
+#: Protocol headers whose names look secret but carry no credential.
+_NOT_SECRET = frozenset({"x-idempotency-key"})
+
+
 def is_secret_header(name: str) -> bool:
     """Return True when a header with this name must never be shown or pickled."""
-    return bool(_SECRET_NAME.search(name))
+    return name.lower() not in _NOT_SECRET and bool(_SECRET_NAME.search(name))
 
 
 def register_secret(value: str | None) -> None:

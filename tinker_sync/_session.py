@@ -71,9 +71,13 @@ class Session:
         user_metadata: Mapping[str, str] | None = None,
         display_name: str | None = None,
         with_session: bool = True,
+        timer_clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
         self.clock = clock
+        #: Schedules the background loops (heartbeat, refresh, telemetry). Kept apart from
+        #: ``clock`` so a test's virtual backoff clock never turns those loops into busy loops.
+        self.timer_clock = timer_clock
         self.hooks = tuple(hooks)
         self.user_metadata = dict(user_metadata) if user_metadata else None
         self.display_name = display_name
@@ -368,11 +372,11 @@ class Session:
             max_retries=0,
             sdk_method=None,
         )
-        last_ok = self.clock.monotonic()
+        last_ok = self.timer_clock.monotonic()
         next_beat = last_ok + HEARTBEAT_INTERVAL_S
         while True:
-            remaining = next_beat - self.clock.monotonic()
-            if remaining > 0 and self.clock.wait(self._stop, remaining):
+            remaining = next_beat - self.timer_clock.monotonic()
+            if remaining > 0 and self.timer_clock.wait(self._stop, remaining):
                 return
             if self._stop.is_set() or exiting():
                 return
@@ -386,7 +390,7 @@ class Session:
                     log.info("session %s has finished (heartbeat answered 410)", self.session_id)
                     return
                 failure = None if reply.status < 400 else f"HTTP {reply.status}"
-            now = self.clock.monotonic()
+            now = self.timer_clock.monotonic()
             if failure is None:
                 last_ok = now
             elif now - last_ok > HEARTBEAT_WARN_AFTER_S:
@@ -398,20 +402,20 @@ class Session:
 
     def _timer_loop(self) -> None:
         """Dynamic config refresh and telemetry flushes."""
-        next_refresh = self.clock.monotonic() + self.dynamic.refresh_every
+        next_refresh = self.timer_clock.monotonic() + self.dynamic.refresh_every
         while True:
-            now = self.clock.monotonic()
+            now = self.timer_clock.monotonic()
             telemetry = self.telemetry
             flush_in = telemetry.next_flush_in() if telemetry is not None else 10.0
             timeout = max(0.0, min(next_refresh - now, flush_in))
-            if self.clock.wait(self._stop, timeout) or exiting():
+            if self.timer_clock.wait(self._stop, timeout) or exiting():
                 return
-            now = self.clock.monotonic()
+            now = self.timer_clock.monotonic()
             if now >= next_refresh:
                 fresh = self._fetch_dynamic_config(initial=False)
                 if fresh is not None:
                     self.dynamic = fresh
-                next_refresh = self.clock.monotonic() + self.dynamic.refresh_every
+                next_refresh = self.timer_clock.monotonic() + self.dynamic.refresh_every
             if telemetry is not None and telemetry.next_flush_in() <= 0:
                 telemetry.flush()
 

@@ -112,21 +112,21 @@ class Telemetry:
                 "error_message": str(exc),
                 "traceback": "".join(traceback.format_exception(exc))[-8000:],
             })
-        duration = _dt.timedelta(seconds=self.session.clock.monotonic() - self._started)
+        duration = _dt.timedelta(seconds=self.session.timer_clock.monotonic() - self._started)
         self._event("SESSION_END", "INFO", {"duration": str(duration)})
         self.flush()
 
     def next_flush_in(self) -> float:
         if len(self._queue) >= BATCH:
             return 0.0
-        return max(0.0, self._last_flush + FLUSH_EVERY_S - self.session.clock.monotonic())
+        return max(0.0, self._last_flush + FLUSH_EVERY_S - self.session.timer_clock.monotonic())
 
     def flush(self) -> None:
         """Send queued events in batches of at most 100; failures only log."""
         if not self.enabled:
             return
         with self._flush_lock:
-            self._last_flush = self.session.clock.monotonic()
+            self._last_flush = self.session.timer_clock.monotonic()
             while True:
                 with self._lock:
                     batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
