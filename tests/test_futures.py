@@ -35,7 +35,9 @@ def test_wait_as_completed_and_callbacks_work():
     go.set()
     done, not_done = concurrent.futures.wait(futs, timeout=60)
     assert not not_done
-    assert sorted(f.result() for f in concurrent.futures.as_completed(futs, timeout=60)) == list(range(5))
+    assert sorted(f.result() for f in concurrent.futures.as_completed(futs, timeout=60)) == list(
+        range(5)
+    )
     assert sorted(seen) == list(range(5))
     for t in threads:
         t.join()

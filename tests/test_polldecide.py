@@ -19,12 +19,29 @@ from tinker_sync.exceptions import (
 JSON = {"content-type": "application/json"}
 
 
-def reply(status: int, body: object = None, *, headers=None, counters=None, elapsed=5.0,
-          jitter=0.0, now=0.0, window=3600.0):
+def reply(
+    status: int,
+    body: object = None,
+    *,
+    headers=None,
+    counters=None,
+    elapsed=5.0,
+    jitter=0.0,
+    now=0.0,
+    window=3600.0,
+):
     content = b"" if body is None else json.dumps(body).encode()
-    return decide_reply(status, headers or JSON, content, counters or PollCounters(),
-                        request_id="r1", now=now, elapsed=elapsed, jitter=jitter,
-                        billing_window_s=window)
+    return decide_reply(
+        status,
+        headers or JSON,
+        content,
+        counters or PollCounters(),
+        request_id="r1",
+        now=now,
+        elapsed=elapsed,
+        jitter=jitter,
+        billing_window_s=window,
+    )
 
 
 def test_protobuf_content_type_is_a_result_whatever_the_body():
@@ -38,8 +55,15 @@ def test_json_result_is_accepted():
 
 
 def test_try_again_reports_queue_state_and_a_held_poll_repolls_at_once():
-    d = reply(200, {"type": "try_again", "request_id": "r1", "queue_state": "paused_capacity",
-                    "queue_state_reason": "busy"})
+    d = reply(
+        200,
+        {
+            "type": "try_again",
+            "request_id": "r1",
+            "queue_state": "paused_capacity",
+            "queue_state_reason": "busy",
+        },
+    )
     assert d.action is Action.PENDING and d.delay == 0.0
     assert (d.queue_state, d.queue_state_reason) == ("paused_capacity", "busy")
 
@@ -62,9 +86,13 @@ def test_metadata_then_duplicate_metadata_is_a_protocol_error():
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("user", RequestErrorCategory.User), ("User", RequestErrorCategory.User),
-     ("SERVER", RequestErrorCategory.Server), ("junk", RequestErrorCategory.Unknown),
-     (None, RequestErrorCategory.Unknown)],
+    [
+        ("user", RequestErrorCategory.User),
+        ("User", RequestErrorCategory.User),
+        ("SERVER", RequestErrorCategory.Server),
+        ("junk", RequestErrorCategory.Unknown),
+        (None, RequestErrorCategory.Unknown),
+    ],
 )
 def test_error_categories_parse_case_insensitively(raw, expected):
     d = reply(200, {"error": "bad input", "category": raw})
@@ -133,6 +161,7 @@ def test_other_4xx_fail_with_future_poll_error_chained_to_the_status_error(statu
 
 
 def test_non_json_2xx_is_a_validation_error():
-    d = decide_reply(200, JSON, b"<html>", PollCounters(), request_id="r", now=0, elapsed=1,
-                     jitter=0)
+    d = decide_reply(
+        200, JSON, b"<html>", PollCounters(), request_id="r", now=0, elapsed=1, jitter=0
+    )
     assert d.action is Action.FAIL and isinstance(d.exc, APIResponseValidationError)
