@@ -86,7 +86,7 @@ class Limiter:
         self._lock = threading.Lock()
         self._deadline_changed = threading.Condition(self._lock)
         self._gates_changed = threading.Condition(self._lock)
-        self.backoff_until = 0.0
+        self.backoff_until = float("-inf")  # never backed off
         self._count = DISPATCH_COUNT
         self._backed_off_count = BACKED_OFF_COUNT
         self._sample_bytes: ByteBudget | None = None

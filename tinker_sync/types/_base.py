@@ -1,0 +1,474 @@
+"""Shared machinery of the public types: strict field checks, dumping, pydantic-style helpers.
+
+Every public type is a frozen, keyword-only attrs class built with ``field_transformer=checked``,
+which derives a strict converter for each field from its annotation (``int`` rejects ``bool`` and
+``1.9``, ``float`` widens ints to floats, ``str`` rejects numbers, nested models accept a mapping).
+Errors name the field: ``TypeError("SamplingParams.top_k: expected int, got float 1.5")``.
+
+Dumping (``model_dump`` / ``to_json``) is done by :func:`dump`, a small recursive engine that
+knows numpy arrays, bytes (base64 in JSON), datetimes (ISO 8601) and enums.
+
+Thread safety: instances are immutable and safe to share. Fork safety: plain data.
+"""
+
+import base64
+import binascii
+import datetime as _dt
+import enum
+import json as _json
+import types as _types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal, TypeVar, Union
+
+import attrs
+import numpy as np
+
+__all__ = [
+    "TinkerModel",
+    "TinkerRequest",
+    "checked",
+    "dump",
+    "to_utc",
+]
+
+_M = TypeVar("_M", bound="TinkerModel")
+_UTC = _dt.timezone.utc
+_NONE_TYPE = type(None)
+
+DumpMode = Literal["python", "json"]
+_SCALARS = frozenset({int, float, str, bool})
+
+
+class TinkerModel:
+    """Base of every response-side type: pydantic-style conveniences on an attrs class.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    __slots__ = ()
+
+    _tinker_request: ClassVar[bool] = False
+    """Request types reject unknown keys when parsed; response types ignore them."""
+    _tinker_keep_null: ClassVar[frozenset[str]] = frozenset()
+    """Fields sent as JSON ``null`` on the wire when None (the null allowlist)."""
+    _tinker_extra_init: ClassVar[frozenset[str]] = frozenset()
+    """Constructor keywords that are not fields (e.g. list forms of numpy fields)."""
+
+    def model_dump(
+        self, *, mode: DumpMode = "python", exclude_none: bool = False
+    ) -> dict[str, Any]:
+        """Return the fields as a dict (``mode="json"``: JSON-compatible values only).
+
+        Args:
+            mode: ``"python"`` keeps bytes, datetimes and enums; ``"json"`` converts them.
+            exclude_none: drop keys whose value is None, at every depth.
+        """
+        if mode not in ("python", "json"):
+            raise ValueError(f"mode must be 'python' or 'json', got {mode!r}")
+        out = self._tinker_dump(mode == "json", exclude_none, False)
+        return out
+
+    def model_dump_json(self, *, exclude_none: bool = False, indent: int | None = None) -> str:
+        """Return the JSON text of ``model_dump(mode="json", exclude_none=...)``."""
+        data = self._tinker_dump(True, exclude_none, False)
+        if indent is None:
+            return _json.dumps(data, separators=(",", ":"))
+        return _json.dumps(data, indent=indent)
+
+    @classmethod
+    def model_validate(cls: type[_M], obj: Any) -> _M:
+        """Build an instance from a mapping (parsed strictly, like a server reply) or return it.
+
+        Raises ``ValueError`` (a ``WireValidationError``) naming the offending field path.
+        """
+        if isinstance(obj, cls):
+            return obj
+        from tinker_sync._wire._converter import from_json
+
+        return from_json(cls, obj)
+
+    def model_copy(self: _M, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> _M:
+        """Return a copy with ``update`` applied (validated like the constructor)."""
+        if deep:
+            import copy
+
+            base = copy.deepcopy(self)
+        else:
+            base = self
+        if not update:
+            return base if deep else attrs.evolve(self)  # type: ignore[misc]
+        return attrs.evolve(base, **dict(update))  # type: ignore[misc]
+
+    # -- dumping ----------------------------------------------------------------------------
+    def _tinker_dump(self, json: bool, drop_none: bool, wire: bool) -> dict[str, Any]:
+        keep_null = self._tinker_keep_null if wire else frozenset()
+        out: dict[str, Any] = {}
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
+            if value is None:
+                if drop_none and name not in keep_null:
+                    continue
+                out[name] = None
+            else:
+                out[name] = dump(value, json, drop_none, wire)
+        return out
+
+
+class TinkerRequest(TinkerModel):
+    """Base of request types: parsing rejects unknown keys.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    __slots__ = ()
+    _tinker_request: ClassVar[bool] = True
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = tuple(a.name for a in attrs.fields(cls) if a.metadata.get("dump", True))
+        _FIELD_NAMES[cls] = names
+    return names
+
+
+def _dt_json(value: _dt.datetime) -> str:
+    off = value.utcoffset()
+    if off is not None and not off:
+        text = value.replace(tzinfo=None).isoformat()
+        return text + "Z"
+    return value.isoformat()
+
+
+def dump(value: Any, json: bool, drop_none: bool, wire: bool) -> Any:
+    """Convert ``value`` (a model, container or scalar) to plain Python / JSON data.
+
+    Args:
+        json: JSON-compatible output (bytes base64, datetimes ISO 8601, enums by value).
+        drop_none: drop None values from dicts and models.
+        wire: keep the null allowlist of each model (``to_json`` semantics).
+    """
+    t = type(value)
+    if t is str or t is int or t is float or t is bool or value is None:
+        return value
+    if isinstance(value, TinkerModel):
+        return value._tinker_dump(json, drop_none, wire)
+    if t is list or t is tuple:
+        # fast path for flat number / string lists
+        if value and type(value[0]) in _SCALARS and set(map(type, value)) <= _SCALARS:
+            return list(value)
+        return [dump(v, json, drop_none, wire) for v in value]
+    if isinstance(value, Mapping):
+        return {
+            (k.value if isinstance(k, enum.Enum) else k): dump(v, json, drop_none, wire)
+            for k, v in value.items()
+            if not (drop_none and v is None)
+        }
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, enum.Enum):
+        return value.value if json else value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        return base64.b64encode(raw).decode("ascii") if json else raw
+    if isinstance(value, _dt.datetime):
+        return _dt_json(value) if json else value
+    if isinstance(value, (_dt.date, _dt.timedelta)):
+        return str(value) if json else value
+    if isinstance(value, Sequence):
+        return [dump(v, json, drop_none, wire) for v in value]
+    if hasattr(value, "_tinker_dump"):
+        return value._tinker_dump(json, drop_none, wire)
+    raise TypeError(f"cannot dump value of type {t.__name__}")
+
+
+# -- strict field checks ----------------------------------------------------------------------
+
+Check = Callable[[Any, str], Any]
+"""A strict check: ``check(value, path) -> converted value`` or raise TypeError / ValueError."""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bad_type(path: str, expected: str, value: Any) -> TypeError:
+    return TypeError(f"{path}: expected {expected}, got {type(value).__name__} {_short(value)}")
+
+
+def _check_int(value: Any, path: str) -> int:
+    if type(value) is int:
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise _bad_type(path, "int", value)
+
+
+def _check_float(value: Any, path: str) -> float:
+    if type(value) is float:
+        return value
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    ):
+        return float(value)
+    raise _bad_type(path, "float", value)
+
+
+def _check_str(value: Any, path: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise _bad_type(path, "str", value)
+
+
+def _check_bool(value: Any, path: str) -> bool:
+    if type(value) is bool:
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise _bad_type(path, "bool", value)
+
+
+def _check_bytes(value: Any, path: str) -> bytes:
+    if type(value) is bytes:
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"{path}: invalid base64 string: {exc}") from None
+    raise _bad_type(path, "bytes (or a base64 str)", value)
+
+
+def to_utc(value: _dt.datetime) -> _dt.datetime:
+    """Return ``value`` as an aware UTC datetime (naive values are taken as UTC)."""
+    tz = value.tzinfo
+    if tz is _UTC:
+        return value
+    if tz is None:
+        return value.replace(tzinfo=_UTC)
+    return value.astimezone(_UTC)
+
+
+def parse_datetime(value: str, path: str) -> _dt.datetime:
+    """Parse an ISO 8601 string (``Z`` suffix accepted) into an aware UTC datetime."""
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = _dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{path}: invalid ISO 8601 datetime {_short(value)}") from None
+    return to_utc(parsed)
+
+
+def _check_datetime(value: Any, path: str) -> _dt.datetime:
+    if isinstance(value, _dt.datetime):
+        return to_utc(value)
+    if isinstance(value, str):
+        return parse_datetime(value, path)
+    raise _bad_type(path, "datetime", value)
+
+
+def _any(value: Any, path: str) -> Any:
+    return value
+
+
+def _literal_check(values: tuple[Any, ...]) -> Check:
+    def check(value: Any, path: str) -> Any:
+        for allowed in values:
+            if value == allowed and type(value) is type(allowed):
+                return allowed
+        raise ValueError(f"{path}: expected one of {list(values)!r}, got {_short(value)}")
+
+    return check
+
+
+def _optional(inner: Check) -> Check:
+    def check(value: Any, path: str) -> Any:
+        if value is None:
+            return None
+        return inner(value, path)
+
+    return check
+
+
+def _list_check(inner: Check) -> Check:
+    def check(value: Any, path: str) -> list[Any]:
+        if not isinstance(value, (list, tuple)):
+            raise _bad_type(path, "list", value)
+        if inner is _any:
+            return list(value)
+        return [inner(v, f"{path}[{i}]") for i, v in enumerate(value)]
+
+    return check
+
+
+def _dict_check(key: Check, val: Check) -> Check:
+    def check(value: Any, path: str) -> dict[Any, Any]:
+        if not isinstance(value, Mapping):
+            raise _bad_type(path, "dict", value)
+        if key is _any and val is _any:
+            return dict(value)
+        return {key(k, f"{path} key"): val(v, f"{path}[{k!r}]") for k, v in value.items()}
+
+    return check
+
+
+def _model_from_mapping(cls: type[_M], value: Mapping[str, Any], path: str) -> _M:
+    kwargs = dict(value)
+    if not cls._tinker_request:
+        names = {a.alias for a in attrs.fields(cls) if a.init}  # type: ignore[arg-type]
+        extra_ok = cls._tinker_extra_init
+        kwargs = {k: v for k, v in kwargs.items() if k in names or k in extra_ok}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{path}: {exc}") from None
+
+
+def _model_check(cls: type[TinkerModel]) -> Check:
+    def check(value: Any, path: str) -> Any:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            return _model_from_mapping(cls, value, path)
+        raise _bad_type(path, cls.__name__, value)
+
+    return check
+
+
+def _tag_of(cls: type) -> tuple[str, Any] | None:
+    """The (field, value) constant discriminator of a model class, if it has one."""
+    if not attrs.has(cls):
+        return None
+    for a in attrs.fields(cls):
+        if (
+            a.name in ("type", "state", "event")
+            and typing.get_origin(a.type) is Literal
+            and a.default in typing.get_args(a.type)
+        ):
+            return a.name, a.default
+    return None
+
+
+def _union_check(members: tuple[Any, ...]) -> Check:
+    classes: list[type[TinkerModel]] = [
+        m for m in members if isinstance(m, type) and attrs.has(m) and issubclass(m, TinkerModel)
+    ]
+    others = [m for m in members if m not in classes]
+    other_checks = [check_for(m) for m in others]
+    tags: dict[Any, type[TinkerModel]] = {}
+    tag_field: str | None = None
+    for c in classes:
+        tag = _tag_of(c)
+        if tag is not None:
+            tag_field = tag[0]
+            tags[tag[1]] = c
+    names = " | ".join(getattr(m, "__name__", repr(m)) for m in members)
+
+    def check(value: Any, path: str) -> Any:
+        for c in classes:
+            if isinstance(value, c):
+                return value
+        if isinstance(value, Mapping) and classes:
+            if tag_field is not None and value.get(tag_field) in tags:
+                return _model_from_mapping(tags[value[tag_field]], value, path)
+            errors: list[str] = []
+            for c in classes:
+                try:
+                    return _model_from_mapping(c, value, path)
+                except (TypeError, ValueError) as exc:
+                    errors.append(str(exc))
+            raise ValueError(f"{path}: value matches none of {names}: {'; '.join(errors)}")
+        for oc in other_checks:
+            try:
+                return oc(value, path)
+            except (TypeError, ValueError):
+                continue
+        raise _bad_type(path, names, value)
+
+    return check
+
+
+_SIMPLE: dict[Any, Check] = {
+    int: _check_int,
+    float: _check_float,
+    str: _check_str,
+    bool: _check_bool,
+    bytes: _check_bytes,
+    _dt.datetime: _check_datetime,
+    Any: _any,
+    object: _any,
+}
+
+
+def check_for(tp: Any) -> Check:
+    """Return the strict check for the annotation ``tp``."""
+    simple = _SIMPLE.get(tp)
+    if simple is not None:
+        return simple
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Literal:
+        return _literal_check(args)
+    if origin is Union or origin is _types.UnionType:
+        non_none = tuple(a for a in args if a is not _NONE_TYPE)
+        inner = check_for(non_none[0]) if len(non_none) == 1 else _union_check(non_none)
+        return _optional(inner) if len(non_none) != len(args) else inner
+    if origin in (list, Sequence) and args:
+        return _list_check(check_for(args[0]))
+    if origin in (dict, Mapping) and len(args) == 2:
+        return _dict_check(check_for(args[0]), check_for(args[1]))
+    if isinstance(tp, type):
+        if issubclass(tp, enum.Enum):
+            enum_cls = tp
+
+            def check_enum(value: Any, path: str) -> Any:
+                try:
+                    return enum_cls(value)
+                except ValueError:
+                    raise ValueError(
+                        f"{path}: invalid {enum_cls.__name__} {_short(value)}"
+                    ) from None
+
+            return check_enum
+        if issubclass(tp, TinkerModel):
+            return _model_check(tp)
+        cls = tp
+
+        def check_instance(value: Any, path: str) -> Any:
+            if isinstance(value, cls):
+                return value
+            raise _bad_type(path, cls.__name__, value)
+
+        return check_instance
+    return _any
+
+
+def checked(cls: type, fields: "list[attrs.Attribute[Any]]") -> "list[attrs.Attribute[Any]]":
+    """attrs ``field_transformer``: give every field without a converter a strict check."""
+    out: list[attrs.Attribute[Any]] = []
+    for a in fields:
+        if a.converter is not None or a.metadata.get("check") is False or a.type is None:
+            out.append(a)
+            continue
+        check = check_for(a.type)
+        if check is _any:
+            out.append(a)
+            continue
+        path = f"{cls.__name__}.{a.name}"
+
+        def convert(value: Any, _check: Check = check, _path: str = path) -> Any:
+            return _check(value, _path)
+
+        out.append(a.evolve(converter=convert))
+    return out

@@ -1,0 +1,257 @@
+"""Training data: provenance spans, ``Datum``, loss function names, ``ForwardBackwardInput``."""
+
+import sys
+from collections.abc import Mapping
+from typing import Any, Literal, TypeAlias
+
+import attrs
+import numpy as np
+
+from tinker_sync.types._base import TinkerModel, TinkerRequest, checked
+from tinker_sync.types._input import ImageAssetPointerChunk, ModelInput
+from tinker_sync.types._tensor import TensorData, TensorDtype
+
+__all__ = [
+    "LOSS_FN_INPUT_DTYPES",
+    "LOSS_FN_TYPES",
+    "Datum",
+    "ForwardBackwardInput",
+    "LossFnInputs",
+    "LossFnOutput",
+    "LossFnType",
+    "PromptProvenanceSpan",
+    "ProvenanceSpans",
+    "SampledProvenanceSpan",
+    "coerce_loss_fn_input",
+    "validate_loss_fn",
+]
+
+LossFnType: TypeAlias = Literal[
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+    "gspo",
+    "stable_reinforce",
+    "custom",
+]
+LOSS_FN_TYPES: tuple[LossFnType, ...] = (
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+    "gspo",
+    "stable_reinforce",
+    "custom",
+)
+"""Every valid ``loss_fn`` name."""
+
+
+def validate_loss_fn(name: Any) -> LossFnType:
+    """Return ``name`` if it is a valid loss function name, else raise ``ValueError``."""
+    if not isinstance(name, str) or name not in LOSS_FN_TYPES:
+        raise ValueError(
+            f"loss_fn: unknown loss function {name!r}; expected one of {list(LOSS_FN_TYPES)}"
+        )
+    return name
+
+
+LOSS_FN_INPUT_DTYPES: Mapping[str, TensorDtype] = {
+    "target_tokens": "int64",
+    "weights": "float32",
+    "advantages": "float32",
+    "logprobs": "float32",
+    "clip_low_threshold": "float32",
+    "clip_high_threshold": "float32",
+    "sequence_ratio_mask": "float32",
+}
+"""Dtype given to a plain Python list under each known ``loss_fn_inputs`` key."""
+
+_SPARSE_KEYS = frozenset({"target_tokens", "weights"})
+
+LossFnInputs: TypeAlias = dict[str, TensorData]
+LossFnOutput: TypeAlias = dict[str, TensorData]
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def coerce_loss_fn_input(key: str, value: Any) -> TensorData:
+    """Convert one ``loss_fn_inputs`` value to ``TensorData`` (see the key -> dtype table).
+
+    Raises ``KeyError`` for a list under an unknown key, ``ValueError`` for ragged lists or
+    unsupported dtypes and ``TypeError`` for other value types; every message names the key.
+    """
+    if isinstance(value, TensorData):
+        return value
+    if isinstance(value, np.ndarray):
+        try:
+            return TensorData.from_numpy(value)
+        except ValueError as exc:
+            raise ValueError(f"loss_fn_inputs[{key!r}]: {exc}") from None
+    if _is_torch_tensor(value):
+        try:
+            if key in _SPARSE_KEYS and value.ndim == 2:
+                return TensorData.from_torch_sparse(value)
+            return TensorData.from_torch(value)
+        except ValueError as exc:
+            raise ValueError(f"loss_fn_inputs[{key!r}]: {exc}") from None
+    if isinstance(value, (list, tuple)):
+        dtype = LOSS_FN_INPUT_DTYPES.get(key)
+        if dtype is None:
+            raise KeyError(
+                f"loss_fn_inputs[{key!r}]: a plain list needs a known key to pick its dtype "
+                f"({sorted(LOSS_FN_INPUT_DTYPES)}); pass a numpy array or TensorData instead"
+            )
+        try:
+            arr = np.asarray(value)
+        except ValueError:
+            raise ValueError(
+                f"loss_fn_inputs[{key!r}] must be a rectangular numeric array; ragged nested "
+                "lists are not supported"
+            ) from None
+        if arr.dtype.kind == "O" or (arr.ndim > 1 and arr.dtype.kind not in "biuf"):
+            raise ValueError(
+                f"loss_fn_inputs[{key!r}] must be a rectangular numeric array; ragged nested "
+                "lists are not supported"
+            )
+        if arr.dtype.kind not in "biuf":
+            raise TypeError(
+                f"loss_fn_inputs[{key!r}]: expected numbers, got values of dtype {arr.dtype}"
+            )
+        if arr.size == 0 and arr.ndim == 1:
+            return TensorData(data=[], dtype=dtype, shape=[0])
+        return TensorData.from_numpy(arr.astype(np.int64 if dtype == "int64" else np.float32))
+    raise TypeError(
+        f"loss_fn_inputs[{key!r}]: unsupported value type {type(value).__name__}; use a list, "
+        "numpy array, torch tensor or TensorData"
+    )
+
+
+def _coerce_inputs(value: Any) -> dict[str, TensorData]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"Datum.loss_fn_inputs: expected a dict, got {type(value).__name__}")
+    out: dict[str, TensorData] = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise TypeError(f"Datum.loss_fn_inputs: keys must be str, got {key!r}")
+        value_ = TensorData.model_validate(item) if isinstance(item, Mapping) else item
+        out[key] = coerce_loss_fn_input(key, value_)
+    return out
+
+
+def _check_span(inst: Any, attribute: Any, value: Any) -> None:
+    name = type(inst).__name__
+    if value < 0:
+        raise ValueError(f"{name}.{attribute.name} must be >= 0, got {value}")
+
+
+def _check_seq_id(inst: Any, attribute: Any, value: str) -> None:
+    if not value:
+        raise ValueError(f"{type(inst).__name__}.sequence_id must be non-empty")
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class PromptProvenanceSpan(TinkerRequest):
+    """A run of datum positions equal to ``[offset, offset+length)`` of a sampled request's prompt.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    sequence_id: str = attrs.field(validator=_check_seq_id)
+    offset: int = attrs.field(default=0, validator=_check_span)
+    length: int = attrs.field(validator=_check_span)
+    type: Literal["prompt_tokens"] = "prompt_tokens"
+    """JSON tag of this span kind (the proto oneof name); not needed when constructing."""
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class SampledProvenanceSpan(TinkerRequest):
+    """A run of datum positions equal to ``[offset, offset+length)`` of a sampled sequence.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    sequence_id: str = attrs.field(validator=_check_seq_id)
+    offset: int = attrs.field(default=0, validator=_check_span)
+    length: int = attrs.field(validator=_check_span)
+    type: Literal["sampled_tokens"] = "sampled_tokens"
+    """JSON tag of this span kind (the proto oneof name); not needed when constructing."""
+
+
+ProvenanceSpans: TypeAlias = list[PromptProvenanceSpan | SampledProvenanceSpan]
+"""Consecutive runs tiling one Datum field; see ``Datum.with_provenance``."""
+
+
+def _check_tiling(kwarg: str, spans: ProvenanceSpans, expected: int) -> None:
+    total = sum(span.length for span in spans)
+    if total != expected:
+        raise ValueError(
+            f"with_provenance {kwarg} spans cover {total} positions but the field has "
+            f"{expected}; the runs must tile it exactly"
+        )
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class Datum(TinkerModel):
+    """One training example: ``Datum(model_input=mi, loss_fn_inputs={"target_tokens": [...]})``.
+
+    ``loss_fn_inputs`` values are coerced by key: TensorData kept, numpy arrays and torch
+    tensors converted, plain lists typed by key (``target_tokens`` int64; ``weights``,
+    ``advantages``, ``logprobs``, ``clip_*_threshold``, ``sequence_ratio_mask`` float32).
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    model_input: ModelInput
+    loss_fn_inputs: dict[str, TensorData] = attrs.field(factory=dict, converter=_coerce_inputs)
+    model_input_spans: ProvenanceSpans | None = None
+    loss_fn_input_spans: ProvenanceSpans | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.model_input_spans is None) != (self.loss_fn_input_spans is None):
+            raise ValueError(
+                "Datum: provenance comes as a pair: set both model_input_spans and "
+                "loss_fn_input_spans, or neither"
+            )
+
+    def with_provenance(
+        self, model_input: ProvenanceSpans, loss_fn_inputs: ProvenanceSpans
+    ) -> "Datum":
+        """Return a copy carrying provenance spans, after checking each list tiles its field.
+
+        ``model_input`` spans tile the input tokens; ``loss_fn_inputs`` spans tile
+        ``loss_fn_inputs["target_tokens"]`` (when it is 1-D).
+        """
+        _check_tiling("model_input", model_input, self.model_input.length)
+        target = self.loss_fn_inputs.get("target_tokens")
+        if target is not None and target.shape is not None and len(target.shape) == 1:
+            _check_tiling("loss_fn_inputs", loss_fn_inputs, target.shape[0])
+        return attrs.evolve(self, model_input_spans=model_input, loss_fn_input_spans=loss_fn_inputs)
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class ForwardBackwardInput(TinkerRequest):
+    """The logical forward/backward request (sent as protobuf, see ``_wire``).
+
+    Construction checks the loss name and rejects ``image_asset_pointer`` chunks in the data.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    data: list[Datum]
+    loss_fn: LossFnType = attrs.field(converter=validate_loss_fn)
+    loss_fn_config: dict[str, float | str] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for i, datum in enumerate(self.data):
+            for chunk in datum.model_input.chunks:
+                if isinstance(chunk, ImageAssetPointerChunk):
+                    raise ValueError(
+                        f"ForwardBackwardInput.data[{i}]: image_asset_pointer chunks are only "
+                        "valid in sampling prompts, not in forward/backward data"
+                    )

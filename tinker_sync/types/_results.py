@@ -1,0 +1,632 @@
+"""Results of training and sampling operations, and model-info replies."""
+
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any, ClassVar, Literal
+from urllib.parse import quote
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from tinker_sync.types._base import TinkerModel, checked, dump
+from tinker_sync.types._params import AdamOptimizerConfig, OptimizerConfig, StopReason
+from tinker_sync.types._tensor import TensorData
+
+__all__ = [
+    "TOPK_SENTINEL_LOGPROB",
+    "TOPK_SENTINEL_TOKEN",
+    "ForwardBackwardOutput",
+    "GetInfoResponse",
+    "GetServerCapabilitiesResponse",
+    "LoadWeightsResponse",
+    "ModelData",
+    "OptimStepResponse",
+    "PromptAltTokens",
+    "SampleResponse",
+    "SampledSequence",
+    "SaveWeightsExternalResponse",
+    "SaveWeightsForSamplerResponse",
+    "SaveWeightsResponse",
+    "SupportedModel",
+    "TopkLogprobs",
+    "WeightsInfoResponse",
+]
+
+TOPK_SENTINEL_TOKEN = 0
+"""Token id of an empty top-k slot."""
+TOPK_SENTINEL_LOGPROB = -99999.0
+"""Logprob of an empty top-k slot."""
+
+_CONSOLE_BASE_URL = "https://tinker.thinkingmachines.ai"
+
+TopkRows = list[list[tuple[int, float]] | None]
+
+
+def _array_eq(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    a_arr = np.asarray(a)
+    b_arr = np.asarray(b)
+    if a_arr.shape != b_arr.shape:
+        return False
+    if a_arr.dtype.kind == "f" or b_arr.dtype.kind == "f":
+        return bool(np.array_equal(a_arr, b_arr, equal_nan=True))
+    return bool(np.array_equal(a_arr, b_arr))
+
+
+def _tensor_eq(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, TensorData) and isinstance(b, TensorData):
+        return (
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.sparse_crow_indices == b.sparse_crow_indices
+            and a.sparse_col_indices == b.sparse_col_indices
+            and _array_eq(a.data_np, b.data_np)
+        )
+    return a is b
+
+
+def _int_array(value: Any, path: str, ndim: int, dtype: Any = np.int32) -> npt.NDArray[Any]:
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "iu":
+            raise TypeError(f"{path}: expected an integer array, got dtype {value.dtype}")
+        arr = value
+    else:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise TypeError(f"{path}: expected an integer array, got {type(value).__name__}")
+        try:
+            arr = np.asarray(value, dtype=dtype) if len(value) else np.empty(0, dtype=dtype)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: expected integers: {exc}") from None
+    if arr.ndim != ndim and not (arr.size == 0 and ndim == 2):
+        raise ValueError(f"{path}: expected a {ndim}-D array, got shape {arr.shape}")
+    return arr
+
+
+def _float_array(value: Any, path: str, ndim: int) -> npt.NDArray[Any]:
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "fiu":
+            raise TypeError(f"{path}: expected a float array, got dtype {value.dtype}")
+        arr = value if value.dtype.kind == "f" else value.astype(np.float32)
+    else:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise TypeError(f"{path}: expected a float array, got {type(value).__name__}")
+        try:
+            arr = np.asarray(
+                [np.nan if v is None else v for v in value] if ndim == 1 else value,
+                dtype=np.float32,
+            )
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: expected numbers: {exc}") from None
+        if arr.size == 0:
+            arr = arr.reshape((0,) * ndim) if ndim == 1 else arr.reshape(0, 0)
+    if arr.ndim != ndim:
+        raise ValueError(f"{path}: expected a {ndim}-D array, got shape {arr.shape}")
+    return arr
+
+
+def topk_to_lists(token_ids: npt.NDArray[Any], logprobs: npt.NDArray[Any]) -> TopkRows:
+    """Convert ``(length, k)`` matrices to rows of ``(token_id, logprob)`` tuples.
+
+    A row whose first slot is the sentinel (token 0, logprob -99999.0) becomes None; trailing
+    sentinel slots are dropped.
+    """
+    if token_ids.ndim != 2:
+        return []
+    n, k = token_ids.shape
+    if n == 0 or k == 0:
+        return []
+    ids = token_ids.ravel().tolist()
+    lps = logprobs.ravel().tolist()
+    rows: TopkRows = []
+    for i in range(n):
+        start = i * k
+        if ids[start] == TOPK_SENTINEL_TOKEN and lps[start] == TOPK_SENTINEL_LOGPROB:
+            rows.append(None)
+            continue
+        end = start + k
+        while (
+            end > start
+            and ids[end - 1] == TOPK_SENTINEL_TOKEN
+            and (lps[end - 1] == TOPK_SENTINEL_LOGPROB)
+        ):
+            end -= 1
+        rows.append(list(zip(ids[start:end], lps[start:end], strict=True)))
+    return rows
+
+
+def _pairs_of(row: Any, path: str) -> list[tuple[int, float]]:
+    out: list[tuple[int, float]] = []
+    for j, pair in enumerate(row):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"{path}[{j}]: expected a (token_id, logprob) pair, got {pair!r}")
+        tok, lp = pair
+        if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)):
+            raise TypeError(f"{path}[{j}][0]: expected int token id, got {tok!r}")
+        if isinstance(lp, bool) or not isinstance(lp, (int, float, np.number)):
+            raise TypeError(f"{path}[{j}][1]: expected float logprob, got {lp!r}")
+        out.append((int(tok), float(lp)))
+    return out
+
+
+def _topk_ids(value: Any) -> npt.NDArray[Any]:
+    return _int_array(value, "TopkLogprobs.token_ids", 2)
+
+
+def _topk_lps(value: Any) -> npt.NDArray[Any]:
+    return _float_array(value, "TopkLogprobs.logprobs", 2)
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class TopkLogprobs(TinkerModel):
+    """Top-k tokens per position as two dense ``(length, k)`` matrices.
+
+    Empty slots hold the sentinel (token 0, logprob -99999.0).
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    token_ids: npt.NDArray[Any] = attrs.field(
+        converter=_topk_ids,
+        eq=attrs.cmp_using(eq=_array_eq, require_same_type=False),
+        repr=False,
+    )
+    logprobs: npt.NDArray[Any] = attrs.field(
+        converter=_topk_lps,
+        eq=attrs.cmp_using(eq=_array_eq, require_same_type=False),
+        repr=False,
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.token_ids.shape != self.logprobs.shape:
+            raise ValueError(
+                f"TopkLogprobs: token_ids {self.token_ids.shape} and logprobs "
+                f"{self.logprobs.shape} must have the same shape"
+            )
+
+    @classmethod
+    def from_lists(cls, rows: Sequence[Sequence[Any] | None]) -> "TopkLogprobs":
+        """Build the matrices from rows of ``(token_id, logprob)`` pairs (None = empty row)."""
+        parsed = [None if r is None else _pairs_of(r, f"topk[{i}]") for i, r in enumerate(rows)]
+        k = max((len(r) for r in parsed if r is not None), default=0)
+        ids = np.full((len(parsed), k), TOPK_SENTINEL_TOKEN, dtype=np.int32)
+        lps = np.full((len(parsed), k), TOPK_SENTINEL_LOGPROB, dtype=np.float32)
+        for i, row in enumerate(parsed):
+            if row:
+                ids[i, : len(row)] = [t for t, _ in row]
+                lps[i, : len(row)] = [lp for _, lp in row]
+        return cls(token_ids=ids, logprobs=lps)
+
+    def to_lists(self) -> TopkRows:
+        """Rows of ``(token_id, logprob)`` tuples; sentinel rows become None."""
+        return topk_to_lists(self.token_ids, self.logprobs)
+
+    def __repr__(self) -> str:
+        return f"TopkLogprobs(shape={self.token_ids.shape})"
+
+    def _tinker_dump(self, json: bool, drop_none: bool, wire: bool) -> dict[str, Any]:
+        return {"token_ids": self.token_ids.tolist(), "logprobs": self.logprobs.tolist()}
+
+
+def _topk_rows_dump(topk: TopkLogprobs | None, json: bool) -> Any:
+    if topk is None:
+        return None
+    rows = topk.to_lists()
+    if json:
+        return [None if r is None else [[t, lp] for t, lp in r] for r in rows]
+    return rows
+
+
+def _topk_arg(value: Any, path: str) -> TopkLogprobs | None:
+    if value is None or isinstance(value, TopkLogprobs):
+        return value
+    if isinstance(value, (list, tuple)):
+        try:
+            return TopkLogprobs.from_lists(value)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{path}: {exc}") from None
+    raise TypeError(f"{path}: expected TopkLogprobs or a list of rows, got {type(value).__name__}")
+
+
+def _opt_tokens(value: Any) -> npt.NDArray[Any] | None:
+    return None if value is None else _int_array(value, "SampledSequence.tokens_np", 1)
+
+
+def _opt_logprobs(value: Any) -> npt.NDArray[Any] | None:
+    return None if value is None else _float_array(value, "SampledSequence.logprobs_np", 1)
+
+
+def _opt_prompt_logprobs(value: Any) -> npt.NDArray[Any] | None:
+    return None if value is None else _float_array(value, "SampleResponse.prompt_logprobs_np", 1)
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked, init=False)
+class SampledSequence(TinkerModel):
+    """One sampled sequence: numpy fields plus lazy list views.
+
+    Usage: ``seq.tokens`` (list), ``seq.tokens_np`` (int32 array), ``seq.logprobs``.
+    The constructor also accepts the list forms ``tokens=``, ``logprobs=``, ``topk_logprobs=``.
+    ``sequence_id`` is None until the client stamps the id from the ``asample`` reply.
+
+    Thread safety: immutable (list views are computed once), safe to share. Fork safety: data.
+    """
+
+    stop_reason: StopReason
+    sequence_id: str | None = None
+    tokens_np: npt.NDArray[Any] | None = attrs.field(
+        default=None,
+        converter=_opt_tokens,
+        eq=attrs.cmp_using(eq=_array_eq, require_same_type=False),
+        repr=False,
+    )
+    logprobs_np: npt.NDArray[Any] | None = attrs.field(
+        default=None,
+        converter=_opt_logprobs,
+        eq=attrs.cmp_using(eq=_array_eq, require_same_type=False),
+        repr=False,
+    )
+    topk_logprobs_np: TopkLogprobs | None = attrs.field(default=None, repr=False)
+
+    _tinker_extra_init: ClassVar[frozenset[str]] = frozenset(
+        {"tokens", "logprobs", "topk_logprobs"}
+    )
+
+    def __init__(
+        self,
+        *,
+        stop_reason: StopReason,
+        sequence_id: str | None = None,
+        tokens_np: Any = None,
+        logprobs_np: Any = None,
+        topk_logprobs_np: TopkLogprobs | None = None,
+        tokens: Sequence[int] | None = None,
+        logprobs: Sequence[float] | None = None,
+        topk_logprobs: Sequence[Sequence[Any] | None] | None = None,
+    ) -> None:
+        if tokens is not None:
+            if tokens_np is not None:
+                raise TypeError("SampledSequence: pass tokens or tokens_np, not both")
+            tokens_np = tokens
+        if logprobs is not None:
+            if logprobs_np is not None:
+                raise TypeError("SampledSequence: pass logprobs or logprobs_np, not both")
+            logprobs_np = logprobs
+        if topk_logprobs is not None:
+            if topk_logprobs_np is not None:
+                raise TypeError("SampledSequence: pass topk_logprobs or topk_logprobs_np")
+            topk_logprobs_np = _topk_arg(topk_logprobs, "SampledSequence.topk_logprobs")
+        self.__attrs_init__(
+            stop_reason=stop_reason,
+            sequence_id=sequence_id,
+            tokens_np=tokens_np,
+            logprobs_np=logprobs_np,
+            topk_logprobs_np=topk_logprobs_np,
+        )
+
+    @cached_property
+    def tokens(self) -> list[int]:
+        """Generated token ids as a list (converted once)."""
+        if self.tokens_np is None:
+            return []
+        out: list[int] = self.tokens_np.tolist()
+        return out
+
+    @cached_property
+    def logprobs(self) -> list[float] | None:
+        """Per-token logprobs as a list, or None when not requested."""
+        if self.logprobs_np is None:
+            return None
+        out: list[float] = self.logprobs_np.tolist()
+        return out
+
+    @cached_property
+    def topk_logprobs(self) -> TopkRows | None:
+        """Top-k ``(token_id, logprob)`` rows per generated position, or None."""
+        if self.topk_logprobs_np is None:
+            return None
+        return self.topk_logprobs_np.to_lists()
+
+    def _tinker_dump(self, json: bool, drop_none: bool, wire: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "stop_reason": self.stop_reason,
+            "sequence_id": self.sequence_id,
+            "tokens": self.tokens_np.tolist() if self.tokens_np is not None else [],
+            "logprobs": None if self.logprobs_np is None else self.logprobs_np.tolist(),
+            "topk_logprobs": _topk_rows_dump(self.topk_logprobs_np, json),
+        }
+        if drop_none:
+            out = {k: v for k, v in out.items() if v is not None}
+        return out
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class PromptAltTokens(TinkerModel):
+    """Alternative draws at every prompt position after the first: two ``[len(prompt)-1, k]``
+    tensors (``tokens`` int64, ``logprobs`` float32).
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    tokens: TensorData = attrs.field(eq=attrs.cmp_using(eq=_tensor_eq, require_same_type=False))
+    logprobs: TensorData = attrs.field(eq=attrs.cmp_using(eq=_tensor_eq, require_same_type=False))
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked, init=False)
+class SampleResponse(TinkerModel):
+    """Result of ``sample`` / ``compute_logprobs``: sequences and optional prompt logprobs.
+
+    ``prompt_logprobs_np`` is float32 with NaN where nothing was computed; the lazy list view
+    ``prompt_logprobs`` has None there. The constructor also accepts the list forms
+    ``prompt_logprobs=`` and ``topk_prompt_logprobs=``.
+
+    Thread safety: immutable (list views are computed once), safe to share. Fork safety: data.
+    """
+
+    sequences: list[SampledSequence]
+    prompt_logprobs_np: npt.NDArray[Any] | None = attrs.field(
+        default=None,
+        converter=_opt_prompt_logprobs,
+        eq=attrs.cmp_using(eq=_array_eq, require_same_type=False),
+        repr=False,
+    )
+    topk_prompt_logprobs_np: TopkLogprobs | None = attrs.field(default=None, repr=False)
+    target_prompt_logprobs: TensorData | None = attrs.field(
+        default=None, eq=attrs.cmp_using(eq=_tensor_eq, require_same_type=False)
+    )
+    prompt_cache_hit_tokens: int = 0
+    prompt_alt_tokens: PromptAltTokens | None = None
+
+    _tinker_extra_init: ClassVar[frozenset[str]] = frozenset(
+        {"prompt_logprobs", "topk_prompt_logprobs"}
+    )
+
+    def __init__(
+        self,
+        *,
+        sequences: Sequence[SampledSequence],
+        prompt_logprobs_np: Any = None,
+        topk_prompt_logprobs_np: TopkLogprobs | None = None,
+        target_prompt_logprobs: TensorData | None = None,
+        prompt_cache_hit_tokens: int = 0,
+        prompt_alt_tokens: PromptAltTokens | None = None,
+        prompt_logprobs: Sequence[float | None] | None = None,
+        topk_prompt_logprobs: Sequence[Sequence[Any] | None] | None = None,
+    ) -> None:
+        if prompt_logprobs is not None:
+            if prompt_logprobs_np is not None:
+                raise TypeError("SampleResponse: pass prompt_logprobs or prompt_logprobs_np")
+            prompt_logprobs_np = prompt_logprobs
+        if topk_prompt_logprobs is not None:
+            if topk_prompt_logprobs_np is not None:
+                raise TypeError(
+                    "SampleResponse: pass topk_prompt_logprobs or topk_prompt_logprobs_np"
+                )
+            topk_prompt_logprobs_np = _topk_arg(
+                topk_prompt_logprobs, "SampleResponse.topk_prompt_logprobs"
+            )
+        self.__attrs_init__(
+            sequences=sequences if type(sequences) is list else list(sequences),
+            prompt_logprobs_np=prompt_logprobs_np,
+            topk_prompt_logprobs_np=topk_prompt_logprobs_np,
+            target_prompt_logprobs=target_prompt_logprobs,
+            prompt_cache_hit_tokens=prompt_cache_hit_tokens,
+            prompt_alt_tokens=prompt_alt_tokens,
+        )
+
+    @cached_property
+    def prompt_logprobs(self) -> list[float | None] | None:
+        """Prompt logprobs as a list (None where not computed), or None when not requested."""
+        arr = self.prompt_logprobs_np
+        if arr is None:
+            return None
+        out: list[float | None] = arr.tolist()
+        for i in np.flatnonzero(np.isnan(arr)).tolist():
+            out[i] = None
+        return out
+
+    @cached_property
+    def topk_prompt_logprobs(self) -> TopkRows | None:
+        """Top-k ``(token_id, logprob)`` rows per prompt position, or None."""
+        if self.topk_prompt_logprobs_np is None:
+            return None
+        return self.topk_prompt_logprobs_np.to_lists()
+
+    def _tinker_dump(self, json: bool, drop_none: bool, wire: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "sequences": [s._tinker_dump(json, drop_none, wire) for s in self.sequences],
+            "prompt_logprobs": self.prompt_logprobs,
+            "topk_prompt_logprobs": _topk_rows_dump(self.topk_prompt_logprobs_np, json),
+            "target_prompt_logprobs": dump(self.target_prompt_logprobs, json, drop_none, wire),
+            "prompt_cache_hit_tokens": self.prompt_cache_hit_tokens,
+            "prompt_alt_tokens": dump(self.prompt_alt_tokens, json, drop_none, wire),
+        }
+        if drop_none:
+            out = {k: v for k, v in out.items() if v is not None}
+        return out
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked, eq=False)
+class ForwardBackwardOutput(TinkerModel):
+    """Result of ``forward`` / ``forward_backward``: per-datum outputs and reduced metrics.
+
+    ``loss_fn_outputs[i]`` maps a name (typically ``logprobs``) to a TensorData; metric keys
+    look like ``name:reduction`` (e.g. ``loss:sum``).
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    loss_fn_output_type: str
+    loss_fn_outputs: list[dict[str, TensorData]]
+    metrics: dict[str, float] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class OptimStepResponse(TinkerModel):
+    """Result of ``optim_step``: optional metrics.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    metrics: dict[str, float] | None = None
+
+
+def checkpoint_console_url(tinker_path: str) -> str:
+    """The Tinker Console URL of the checkpoint at ``tinker_path``."""
+    from tinker_sync.types._rest import ParsedCheckpointTinkerPath
+
+    parsed = ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
+    return (
+        f"{_CONSOLE_BASE_URL}/checkpoints/{quote(parsed.training_run_id, safe='')}/"
+        f"{quote(parsed.checkpoint_id, safe='')}"
+    )
+
+
+def checkpoint_playground_url(tinker_path: str) -> str:
+    """The Tinker Playground URL configured with the checkpoint at ``tinker_path``."""
+    return (
+        f"{_CONSOLE_BASE_URL}/playground?mode=checkpoint&checkpoint={quote(tinker_path, safe='')}"
+    )
+
+
+def _require_path(path: str | None, what: str) -> str:
+    if path is None:
+        raise ValueError(f"{what} has no path (an ephemeral save)")
+    return path
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class SaveWeightsResponse(TinkerModel):
+    """Result of ``save_state``: ``path`` is ``tinker://<run>/weights/<name>``.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    path: str
+    type: Literal["save_weights"] | None = None
+
+    def get_console_url(self) -> str:
+        """The Tinker Console URL of this checkpoint."""
+        return checkpoint_console_url(self.path)
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class SaveWeightsForSamplerResponse(TinkerModel):
+    """Result of a sampler save: a ``path`` for a named save, a ``sampling_session_id`` for an
+    ephemeral one.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    path: str | None = None
+    sampling_session_id: str | None = None
+    type: Literal["save_weights_for_sampler"] | None = None
+
+    def get_console_url(self) -> str:
+        """The Tinker Console URL of this sampler checkpoint."""
+        return checkpoint_console_url(_require_path(self.path, "SaveWeightsForSamplerResponse"))
+
+    def get_playground_url(self) -> str:
+        """A Tinker Playground URL configured with this checkpoint."""
+        return checkpoint_playground_url(_require_path(self.path, "SaveWeightsForSamplerResponse"))
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class SaveWeightsExternalResponse(TinkerModel):
+    """Result of an external-format save: ``tinker://<run>/external_weights/<name>``.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    path: str
+    size_bytes: int | None = None
+    type: Literal["save_weights_external"] | None = None
+
+    def get_console_url(self) -> str:
+        """The Tinker Console URL of this checkpoint."""
+        return checkpoint_console_url(self.path)
+
+    def get_playground_url(self) -> str:
+        """A Tinker Playground URL configured with this checkpoint."""
+        return checkpoint_playground_url(self.path)
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class LoadWeightsResponse(TinkerModel):
+    """Result of ``load_weights``.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    path: str | None = None
+    model_id: str | None = None
+    type: Literal["load_weights"] | None = None
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class ModelData(TinkerModel):
+    """Model metadata inside ``GetInfoResponse``.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    arch: str | None = None
+    model_name: str | None = None
+    tokenizer_id: str | None = None
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class GetInfoResponse(TinkerModel):
+    """Information about a training model (``TrainingClient.get_info()``).
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    type: Literal["get_info"] | None = None
+    model_data: ModelData
+    model_id: str
+    optimizer_config: OptimizerConfig = attrs.field(factory=AdamOptimizerConfig)
+    is_lora: bool | None = None
+    lora_rank: int | None = None
+    model_name: str | None = None
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class SupportedModel(TinkerModel):
+    """One entry of ``GetServerCapabilitiesResponse.supported_models``.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    model_name: str | None = None
+    max_context_length: int | None = None
+    trainable: bool | None = None
+    sampleable: bool | None = None
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class GetServerCapabilitiesResponse(TinkerModel):
+    """The models a server offers.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    supported_models: list[SupportedModel]
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class WeightsInfoResponse(TinkerModel):
+    """What a checkpoint holds (``RestClient.get_weights_info_by_tinker_path``).
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    base_model: str
+    optimizer_config: OptimizerConfig = attrs.field(factory=AdamOptimizerConfig)
+    is_lora: bool
+    lora_rank: int | None = None
+    train_unembed: bool | None = None
+    train_mlp: bool | None = None
+    train_attn: bool | None = None
