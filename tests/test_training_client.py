@@ -218,3 +218,23 @@ def test_metadata_calls_do_not_queue_behind_a_held_send(server, service):
     assert tok.decode(tok.encode("hi", add_special_tokens=False)) == "hi"
     assert not fwd.done()
     fwd.result(HANG)
+
+
+def test_a_rejected_chunk_fails_only_its_op_and_names_the_accepted_chunks():
+    """T-A4 (B5): op k fails with the chunk's error; op k+1 takes the next id and completes."""
+    from tinker_sync.exceptions import BadRequestError
+    from tinker_sync.local import LocalServer
+
+    config = {"parallel_fwdbwd_chunks": False, "fwdbwd_max_chunk_len": 2}
+    with LocalServer(client_config=config, gap_grace_s=0.2, long_poll_s=2.0) as server:
+        with tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as service:
+            training = service.create_lora_training_client("base", rank=4)
+            server.faults.add("forward_backward 400 after=1 x1")  # the second chunk
+            failed = training.forward_backward(small(4), "cross_entropy")  # seq 1, 2
+            nxt = training.forward_backward(small(1), "cross_entropy")  # seq 3
+            exc = failed.exception(HANG)
+            assert isinstance(exc, BadRequestError)
+            assert exc.accepted_chunks == [1]  # type: ignore[attr-defined]
+            assert any("chunk 2/2" in note for note in getattr(exc, "__notes__", []))
+            assert nxt.result(HANG).metrics
+            assert [s for s, _ in applied(server, training.model_id)] == [0, 1, 3]

@@ -65,7 +65,10 @@ class LocalServer:
     stop); ``faults`` (a FaultPlan, or Fault / dict / compact-string specs); ``client_config``
     (overrides of the reported client flags); ``long_poll_s``; ``work_delay_s`` (simulated time
     per future); ``heartbeat_expiry_s``; ``models``; ``accept_any_model``; ``seed``;
-    ``in_subprocess``; ``protocol`` (``"current"`` or ``"legacy"``).
+    ``in_subprocess``; ``protocol`` (``"current"`` or ``"legacy"``). Beyond the spec:
+    ``gap_grace_s`` (how long a model waits for a missing seq_id before skipping it, default
+    30 s) and ``metadata_threshold_bytes`` (results above this size are first announced with a
+    metadata-only answer, default 4 MiB).
 
     With ``in_subprocess=True`` the rules and the log live in the child: ``faults`` and
     ``requests`` are proxies over the admin port (a separate port that ``refuse_connections``
@@ -93,6 +96,8 @@ class LocalServer:
         seed: int = 0,
         in_subprocess: bool = False,
         protocol: Literal["current", "legacy"] = "current",
+        gap_grace_s: float = 30.0,
+        metadata_threshold_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         if backend not in ("instant", "tiny"):
             raise ValueError(f"backend must be 'instant' or 'tiny', got {backend!r}")
@@ -103,6 +108,8 @@ class LocalServer:
         if api_key is not None and not api_key:
             raise ValueError("api_key must be a non-empty string or None")
         self._backend: Backend = backend
+        self._gap_grace_s = float(gap_grace_s)
+        self._metadata_threshold_bytes = int(metadata_threshold_bytes)
         self._host = host
         self._port = port
         self._api_key = api_key
@@ -239,6 +246,8 @@ class LocalServer:
             accept_any_model=self._accept_any_model,
             seed=self._seed,
             protocol=self._protocol,
+            gap_grace_s=self._gap_grace_s,
+            metadata_threshold_bytes=self._metadata_threshold_bytes,
         )
         return app
 
@@ -281,6 +290,8 @@ class LocalServer:
             "accept_any_model": self._accept_any_model,
             "seed": self._seed,
             "protocol": self._protocol,
+            "gap_grace_s": self._gap_grace_s,
+            "metadata_threshold_bytes": self._metadata_threshold_bytes,
         }
 
     def _start_child(self) -> None:
