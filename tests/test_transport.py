@@ -1,0 +1,975 @@
+"""Tests for tinker_sync._transport over real loopback HTTP (T-E3, T-E7, T-E8, T-J2, B36, B50).
+
+Two servers are used: a tiny scripted stdlib ``http.server`` (below) where a test needs exact
+control of the socket (read timeouts, dropped or half-sent replies, raw headers, barriers) and
+``tinker_sync.local.LocalServer`` with fault plans for the protocol-level retry flows.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import requests
+import requests.adapters
+import requests.exceptions
+import urllib3.exceptions
+
+from tinker_sync import _transport
+from tinker_sync._auth import JwtAuth, TokenExchange
+from tinker_sync._clock import FakeClock
+from tinker_sync._config import ClientConfig, CredentialAuth, StaticKeyAuth, Timeout
+from tinker_sync._retry import send_with_retries
+from tinker_sync._transport import (
+    BARE_400_BUDGET,
+    USER_AGENT,
+    HookEvent,
+    Pool,
+    Reply,
+    RequestSpec,
+    Transport,
+    close_all_pools,
+    context_without_sdk_method,
+    current_sdk_method,
+    error_from_reply,
+    map_transport_error,
+    quote_path,
+    sdk_method_scope,
+)
+from tinker_sync.exceptions import (
+    APIConnectError,
+    APIConnectionError,
+    APIConnectTimeoutError,
+    APIResponseValidationError,
+    APITimeoutError,
+    BadRequestError,
+    ClientClosedError,
+    InternalServerError,
+    RequestOutcome,
+)
+
+KEY = "tml-transport-test-key-0123456789"
+CF_SECRET = "cf-transport-secret-987654"
+HANG_GUARD_S = 60.0
+
+# ---------------------------------------------------------------------------------------------
+# A scripted loopback HTTP server
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    client_port: int
+
+    def header(self, name: str) -> str | None:
+        for k, v in self.headers.items():
+            if k.lower() == name.lower():
+                return v
+        return None
+
+
+Action = Any  # (status, headers, body) | "drop" | ("partial", declared, body) | ("block", Event)
+
+
+@dataclass
+class Stub:
+    """Records every request; answers from per-path scripts, a responder, or 200 ``{"ok":true}``."""
+
+    server: ThreadingHTTPServer
+    seen: list[Seen] = field(default_factory=list)
+    scripts: dict[str, list[Action]] = field(default_factory=dict)
+    responder: Callable[[Seen], Action] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    blockers: list[threading.Event] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def script(self, path: str, *actions: Action) -> None:
+        with self.lock:
+            self.scripts.setdefault(path, []).extend(actions)
+
+    def next_action(self, req: Seen) -> Action:
+        with self.lock:
+            self.seen.append(req)
+            queue = self.scripts.get(req.path.split("?")[0])
+            if queue:
+                return queue.pop(0)
+        if self.responder is not None:
+            return self.responder(req)
+        return (200, {"Content-Type": "application/json"}, b'{"ok":true}')
+
+    def paths(self) -> list[str]:
+        with self.lock:
+            return [s.path for s in self.seen]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes
+    server: Any
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        req = Seen(
+            self.command, self.path, dict(self.headers.items()), body, self.client_address[1]
+        )
+        stub: Stub = self.server.stub
+        action = stub.next_action(req)
+        if callable(action):
+            action = action(req)
+        if action == "drop":
+            self.close_connection = True
+            return
+        if isinstance(action, tuple) and action[0] == "partial":
+            _, declared, partial = action
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(declared))
+            self.end_headers()
+            self.wfile.write(partial)
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if isinstance(action, tuple) and action[0] == "block":
+            action[1].wait(HANG_GUARD_S)
+            self.close_connection = True
+            return
+        status, headers, payload = action
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+
+@pytest.fixture
+def stub() -> Iterator[Stub]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    s = Stub(server)
+    server.stub = s  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield s
+    finally:
+        for event in s.blockers:
+            event.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(HANG_GUARD_S)
+
+
+def config_for(url: str, **kw: Any) -> ClientConfig:
+    env = kw.pop("environ", {})
+    return ClientConfig.from_env(base_url=url, api_key=kw.pop("api_key", KEY), environ=env, **kw)
+
+
+@contextlib.contextmanager
+def transport_for(url: str, *, auth: Any = "static", **kw: Any) -> Iterator[Transport]:
+    config = config_for(url, **{k: v for k, v in kw.items() if k not in ("hooks", "clock")})
+    if auth == "static":
+        auth = StaticKeyAuth(config.credentials)
+    t = Transport(config, auth=auth, hooks=kw.get("hooks", ()), clock=kw.get("clock", FakeClock()))
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+def post(path: str = "/api/v1/x", **kw: Any) -> RequestSpec:
+    kw.setdefault("json", {"a": 1})
+    return RequestSpec(method="POST", path=path, pool=kw.pop("pool", Pool.TRAIN), **kw)
+
+
+def get(path: str = "/api/v1/x", **kw: Any) -> RequestSpec:
+    return RequestSpec(method="GET", path=path, pool=kw.pop("pool", Pool.TRAIN), **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure pieces
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("segment", "expected"),
+    [
+        ("sess1:train:0", "sess1:train:0"),
+        ("weights/step1", "weights/step1"),
+        ("ck 1", "ck%201"),
+        ("a?b#c", "a%3Fb%23c"),
+        ("x%y", "x%25y"),
+        ("é", "%C3%A9"),
+        ("tinker://run:1/weights/s", "tinker://run:1/weights/s"),
+    ],
+)
+def test_quote_path(segment: str, expected: str) -> None:
+    assert quote_path(segment) == expected
+
+
+def test_request_spec_defaults() -> None:
+    p = post(json={"b": "é", "a": [1, 2]})
+    assert p.method == "POST"
+    assert p.content == '{"b":"é","a":[1,2]}'.encode()
+    assert p.content_type == "application/json"
+    assert p.idempotency_key and p.idempotency_key.startswith("tinker_sync-retry-")
+    assert post().idempotency_key != p.idempotency_key  # a new key per logical request
+    assert get().idempotency_key is None
+    assert RequestSpec(method="delete", path="/x", pool=Pool.REST).idempotency_key
+    assert post(idempotency_key="fixed").idempotency_key == "fixed"
+    assert post(timeout=45).timeout == Timeout.coerce(45)
+    raw = RequestSpec(
+        method="POST",
+        path="/p",
+        pool=Pool.TRAIN,
+        content=b"\x00",
+        content_type="application/x-protobuf",
+    )
+    assert raw.content_type == "application/x-protobuf"
+    with pytest.raises(ValueError):
+        RequestSpec(method="GET", path="api/v1/x", pool=Pool.TRAIN)
+    with pytest.raises(ValueError):
+        RequestSpec(method="POST", path="/x", pool=Pool.TRAIN, json={}, content=b"")
+    assert KEY not in repr(post(headers={"X-API-Key": KEY}))
+
+
+def test_sdk_method_scope_outermost_wins_and_is_captured_by_specs() -> None:
+    assert current_sdk_method.get() is None
+    with sdk_method_scope("TrainingClient.forward_backward"):
+        with sdk_method_scope("TrainingClient.forward"):
+            assert current_sdk_method.get() == "TrainingClient.forward_backward"
+            captured = post()
+        assert context_without_sdk_method().run(current_sdk_method.get) is None
+        assert context_without_sdk_method().run(post).sdk_method is None
+    assert current_sdk_method.get() is None
+    assert captured.sdk_method == "TrainingClient.forward_backward"  # carried to any thread
+    assert post().sdk_method is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Headers (B36)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_post_headers(stub: Stub) -> None:
+    with transport_for(stub.url) as t, sdk_method_scope("SamplingClient.sample"):
+        spec = post(headers={"X-Tinker-Sampling-Backpressure": "1"}, timeout=Timeout(45.0))
+        reply = t.send_once(spec, attempt=3)
+    assert reply.status == 200 and reply.json() == {"ok": True}
+    seen = stub.seen[0]
+    assert seen.method == "POST" and seen.path == "/api/v1/x"
+    assert seen.body == b'{"a":1}'
+    expected = {
+        "Accept": "application/json",
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "x-stainless-retry-count": "3",
+        "x-stainless-read-timeout": "45",
+        "X-Idempotency-Key": spec.idempotency_key,
+        "X-API-Key": KEY,
+        "x-sdk-version": "0.38.0",
+        "x-sdk-method": "SamplingClient.sample",
+        "X-Tinker-Sampling-Backpressure": "1",
+    }
+    for name, value in expected.items():
+        assert seen.header(name) == value, name
+    assert USER_AGENT.startswith("tinker-sync/") and "(protocol 0.38.0)" in USER_AGENT
+    assert seen.header("Authorization") is None
+    assert seen.header("Accept-Encoding") == requests.utils.DEFAULT_ACCEPT_ENCODING
+
+
+def test_get_headers_and_query(stub: Stub) -> None:
+    with transport_for(stub.url) as t:
+        t.send_once(get("/api/v1/training_runs", params={"limit": 5, "flag": True, "skip": None}))
+    seen = stub.seen[0]
+    assert seen.path == "/api/v1/training_runs?limit=5&flag=true"
+    assert seen.header("Content-Type") is None
+    assert seen.header("X-Idempotency-Key") is None
+    assert seen.header("x-sdk-method") is None and seen.header("x-sdk-version") is None
+    assert seen.header("x-stainless-read-timeout") == "60"
+    assert seen.header("X-API-Key") == KEY
+
+
+def test_proto_expectation_sets_accept(stub: Stub) -> None:
+    with transport_for(stub.url) as t:
+        t.send_once(post(expect="proto"))
+        t.send_once(
+            RequestSpec(
+                method="POST",
+                path="/api/v1/fb",
+                pool=Pool.TRAIN,
+                content=b"\x08\x01",
+                content_type="application/x-protobuf",
+            )
+        )
+    assert stub.seen[0].header("Accept") == "application/x-protobuf"
+    assert stub.seen[1].header("Content-Type") == "application/x-protobuf"
+    assert stub.seen[1].body == b"\x08\x01"
+
+
+def test_header_precedence(stub: Stub) -> None:
+    env = {"CLOUDFLARE_ACCESS_CLIENT_ID": "cf-id", "CLOUDFLARE_ACCESS_CLIENT_SECRET": CF_SECRET}
+    overrides = {
+        "x-tinker-request-type": "user",
+        "CF-Access-Client-Id": "mine",
+        "x-api-key": "user-value",
+    }
+    with transport_for(stub.url, environ=env, default_headers_overrides=overrides) as t:
+        t.send_once(post(headers={"X-Tinker-Request-Type": "spec"}))
+    with transport_for(stub.url, auth=None, environ=env, default_headers_overrides=overrides) as t:
+        t.send_once(post())
+    with_auth, without_auth = stub.seen
+    assert with_auth.header("X-Tinker-Request-Type") == "user"  # user overrides come last
+    assert with_auth.header("CF-Access-Client-Id") == "mine"
+    assert with_auth.header("CF-Access-Client-Secret") == CF_SECRET
+    assert with_auth.header("X-API-Key") == KEY  # the credential always wins
+    assert without_auth.header("X-API-Key") == "user-value"
+    assert sum(1 for k in with_auth.headers if k.lower() == "x-api-key") == 1
+
+
+def test_redirect_strips_secrets_across_origins(stub: Stub) -> None:
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    other.daemon_threads = True
+    other_stub = Stub(other)
+    other.stub = other_stub  # type: ignore[attr-defined]
+    thread = threading.Thread(target=other.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        stub.script("/api/v1/x", (307, {"Location": other_stub.url + "/api/v1/y"}, b""))
+        stub.script("/api/v1/same", (307, {"Location": "/api/v1/z"}, b""))
+        env = {"CLOUDFLARE_ACCESS_CLIENT_SECRET": CF_SECRET}
+        with transport_for(stub.url, environ=env) as t:
+            assert t.send_once(post()).status == 200
+            assert t.send_once(post("/api/v1/same")).status == 200
+        moved = other_stub.seen[0]
+        assert moved.path == "/api/v1/y"
+        assert moved.header("X-API-Key") is None and moved.header("CF-Access-Client-Secret") is None
+        same = [s for s in stub.seen if s.path == "/api/v1/z"][0]
+        assert same.header("X-API-Key") == KEY
+    finally:
+        other.shutdown()
+        other.server_close()
+        thread.join(HANG_GUARD_S)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timeouts (T-E7)
+# ---------------------------------------------------------------------------------------------
+
+
+class TimeoutSpy(requests.adapters.HTTPAdapter):
+    """A real adapter that also records the timeout of every request it sends."""
+
+    def __init__(self, log: list[Any], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.log = log
+
+    def send(self, request: Any, **kw: Any) -> Any:  # type: ignore[override]
+        self.log.append(kw.get("timeout"))
+        return super().send(request, **kw)
+
+
+def test_every_request_has_connect_and_read_timeouts(stub: Stub) -> None:
+    log: list[Any] = []
+    cases = [
+        (None, None, (5.0, 60.0)),
+        (None, 45, (45.0, 45.0)),
+        (None, Timeout(10.0), (5.0, 10.0)),
+        (None, Timeout(45.0, connect=2.0), (2.0, 45.0)),
+        (30, None, (30.0, 30.0)),
+        (Timeout(20.0), None, (5.0, 20.0)),
+    ]
+    for client_timeout, spec_timeout, expected in cases:
+        with transport_for(stub.url, timeout=client_timeout) as t:
+            for pool in Pool:
+                t.pools().session(pool).mount("http://", TimeoutSpy(log, max_retries=0))
+                t.send_once(post(pool=pool, timeout=spec_timeout))
+                t.send_once(get(pool=pool, timeout=spec_timeout))
+        assert log == [expected] * (2 * len(Pool)), (client_timeout, spec_timeout)
+        log.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Transport failures
+# ---------------------------------------------------------------------------------------------
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_connection_refused_is_not_sent() -> None:
+    with (
+        transport_for(f"http://127.0.0.1:{closed_port()}") as t,
+        pytest.raises(APIConnectError) as info,
+    ):
+        t.send_once(post())
+    err = info.value
+    assert type(err) is APIConnectError and err.outcome is RequestOutcome.NOT_SENT
+    assert err.request is not None and err.request.headers["X-API-Key"] == "<redacted>"
+    assert KEY not in str(err) and KEY not in repr(err.request.headers)
+    assert isinstance(err.__cause__, requests.exceptions.ConnectionError)
+    assert err.__cause__.request is None  # the PreparedRequest (with the key) was dropped
+
+
+def test_read_timeout(stub: Stub) -> None:
+    release = threading.Event()
+    stub.blockers.append(release)
+    stub.script("/api/v1/x", ("block", release))
+    with transport_for(stub.url) as t, pytest.raises(APITimeoutError) as info:
+        t.send_once(post(timeout=Timeout(0.3, connect=5.0)))
+    assert not isinstance(info.value, APIConnectError)
+    assert info.value.outcome is RequestOutcome.UNKNOWN
+
+
+@pytest.mark.parametrize("action", ["drop", ("partial", 100, b'{"trunc')])
+def test_dropped_connection_is_a_connection_error(stub: Stub, action: Action) -> None:
+    stub.script("/api/v1/x", action)
+    with transport_for(stub.url) as t, pytest.raises(APIConnectionError) as info:
+        t.send_once(post())
+    assert type(info.value) is APIConnectionError
+    assert info.value.outcome is RequestOutcome.UNKNOWN
+
+
+def _max_retry(reason: Exception) -> urllib3.exceptions.MaxRetryError:
+    return urllib3.exceptions.MaxRetryError(None, "/x", reason)  # type: ignore[arg-type]
+
+
+def _chain(outer: BaseException, cause: BaseException) -> BaseException:
+    outer.__cause__ = cause
+    return outer
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (requests.exceptions.ConnectTimeout("t"), APIConnectTimeoutError),
+        (requests.exceptions.ReadTimeout("t"), APITimeoutError),
+        (
+            requests.exceptions.ConnectionError(
+                _max_retry(urllib3.exceptions.NewConnectionError(None, "refused"))
+            ),
+            APIConnectError,
+        ),  # type: ignore[arg-type]
+        (
+            requests.exceptions.ConnectionError(
+                _max_retry(urllib3.exceptions.NameResolutionError("h", None, OSError()))
+            ),
+            APIConnectError,
+        ),  # type: ignore[arg-type]
+        (
+            requests.exceptions.ConnectionError(urllib3.exceptions.ClosedPoolError(None, "closed")),
+            APIConnectError,
+        ),  # type: ignore[arg-type]
+        (requests.exceptions.SSLError("bad handshake"), APIConnectError),
+        (
+            requests.exceptions.ConnectionError(
+                urllib3.exceptions.ProtocolError("aborted", ConnectionResetError())
+            ),
+            APIConnectionError,
+        ),
+        (
+            requests.exceptions.ConnectionError(
+                urllib3.exceptions.ReadTimeoutError(None, "/x", "read timed out")
+            ),
+            APITimeoutError,
+        ),  # type: ignore[arg-type]
+        (requests.exceptions.ChunkedEncodingError("incomplete"), APIConnectionError),
+        (OSError(9, "Bad file descriptor"), APIConnectionError),
+        (
+            _chain(
+                requests.exceptions.ConnectionError("wrapped"), OSError(9, "Bad file descriptor")
+            ),
+            APIConnectionError,
+        ),
+        (requests.exceptions.InvalidURL("bad url"), None),
+        (requests.exceptions.MissingSchema("no scheme"), None),
+        (ValueError("a bug"), None),
+    ],
+)
+def test_map_transport_error(exc: BaseException, expected: type[BaseException] | None) -> None:
+    mapped = map_transport_error(exc)
+    if expected is None:
+        assert mapped is None
+    else:
+        assert type(mapped) is expected
+    if expected is APIConnectTimeoutError:
+        assert isinstance(mapped, APITimeoutError) and mapped.outcome is RequestOutcome.NOT_SENT
+
+
+# ---------------------------------------------------------------------------------------------
+# Status replies, bare 400 (T-E3)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_error_statuses_are_returned_and_mapped(stub: Stub) -> None:
+    stub.script(
+        "/api/v1/x", (400, {"Content-Type": "application/json"}, b'{"detail":"bad seq_id"}')
+    )
+    stub.script("/api/v1/x", (503, {}, b"overloaded"))
+    stub.script("/api/v1/x", (200, {}, b"not json"))
+    with transport_for(stub.url) as t:
+        bad = t.send_once(post())
+        server = t.send_once(post())
+        junk = t.send_once(post())
+    assert bad.status == 400 and bad.request is not None
+    err = error_from_reply(bad)
+    assert isinstance(err, BadRequestError) and err.body == {"detail": "bad seq_id"}
+    assert str(err) == "Error code: 400 - {'detail': 'bad seq_id'}"
+    assert err.request is not None and err.request.headers["X-API-Key"] == "<redacted>"
+    assert isinstance(error_from_reply(server), InternalServerError)
+    assert error_from_reply(server).body == "overloaded"
+    with pytest.raises(APIResponseValidationError):
+        junk.json()
+    for e in (err, error_from_reply(server)):  # T-E8
+        clone = pickle.loads(pickle.dumps(e))
+        assert type(clone) is type(e) and KEY not in pickle.dumps(e).decode("latin-1")
+
+
+def test_bare_400_budget_drains_and_refills(stub: Stub) -> None:
+    empty_400 = (400, {}, b"")
+    with transport_for(stub.url) as t:
+        pools = t.pools()
+        first_session = pools.session(Pool.SAMPLE)
+        stub.script("/api/v1/x", *[empty_400] * (BARE_400_BUDGET + 1))
+        for i in range(BARE_400_BUDGET):
+            with pytest.raises(APIConnectionError) as info:
+                t.send_once(post(pool=Pool.SAMPLE))
+            assert type(info.value) is APIConnectionError
+            assert pools.budget(Pool.SAMPLE) == BARE_400_BUDGET - 1 - i
+        assert pools.session(Pool.SAMPLE) is not first_session  # connections were reset
+        exhausted = t.send_once(post(pool=Pool.SAMPLE))  # budget gone: a real 400
+        assert exhausted.status == 400 and isinstance(error_from_reply(exhausted), BadRequestError)
+        assert pools.budget(Pool.TRAIN) == BARE_400_BUDGET  # budgets are per pool
+        for expected in (1, 2):  # each success earns one back
+            assert t.send_once(post(pool=Pool.SAMPLE)).status == 200
+            assert pools.budget(Pool.SAMPLE) == expected
+        stub.script("/api/v1/x", empty_400)
+        with pytest.raises(APIConnectionError):
+            t.send_once(post(pool=Pool.SAMPLE))
+        assert pools.budget(Pool.SAMPLE) == 1
+        for _ in range(30):
+            t.send_once(post(pool=Pool.SAMPLE))
+        assert pools.budget(Pool.SAMPLE) == BARE_400_BUDGET  # capped
+
+
+# ---------------------------------------------------------------------------------------------
+# Retries over real HTTP (T-E4 key reuse)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_retries_share_one_idempotency_key_and_count_attempts(stub: Stub) -> None:
+    stub.script("/api/v1/x", (500, {}, b"{}"), "drop", (429, {"retry-after-ms": "250"}, b"{}"))
+    clock = FakeClock(rng=lambda: 0.0)
+    with transport_for(stub.url, clock=clock) as t:
+        spec = post()
+        assert send_with_retries(t, spec).status == 200
+        send_with_retries(t, post())  # an identical second call: a new key
+    first, second, third, fourth, other = stub.seen
+    keys = {s.header("X-Idempotency-Key") for s in (first, second, third, fourth)}
+    assert keys == {spec.idempotency_key}
+    assert other.header("X-Idempotency-Key") not in keys
+    assert [s.header("x-stainless-retry-count") for s in stub.seen] == ["0", "1", "2", "3", "0"]
+    assert clock.sleeps == [(0.5, "http-retry"), (1.0, "http-retry"), (0.25, "http-retry")]
+
+
+# ---------------------------------------------------------------------------------------------
+# JWT: 5 concurrent invalid_token 401s -> one exchange and one replay each (T-J2, B58)
+# ---------------------------------------------------------------------------------------------
+
+
+def make_jwt(n: int, now: float) -> str:
+    def b64(obj: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+
+    return f"{b64({'alg': 'HS256'})}.{b64({'iat': now, 'exp': now + 3600, 'n': n})}.sig"
+
+
+def test_concurrent_invalid_token_cause_one_exchange(stub: Stub) -> None:
+    now = time.time()
+    jwts = [make_jwt(n, now) for n in (1, 2, 3)]
+    issued: list[str] = []
+    rejected_together = threading.Barrier(5)
+
+    def responder(req: Seen) -> Action:
+        if req.path == "/api/v1/auth/token":
+            token = jwts[len(issued)]
+            issued.append(req.header("X-API-Key") or "")
+            return (200, {"Content-Type": "application/json"}, json.dumps({"jwt": token}).encode())
+        if req.header("X-API-Key") == jwts[0]:
+            rejected_together.wait(HANG_GUARD_S)  # all five were sent with the old token
+            return (
+                401,
+                {"WWW-Authenticate": 'Bearer error="invalid_token"'},
+                b'{"detail":"expired"}',
+            )
+        return (200, {"Content-Type": "application/json"}, b'{"ok":true}')
+
+    stub.responder = responder
+    config = config_for(stub.url)
+    base = Transport(config, clock=FakeClock())
+    auth = JwtAuth(TokenExchange(base, config.credentials), clock=base.clock)
+    t = base.with_auth(auth)
+    try:
+        assert auth.token() == jwts[0]
+        start = threading.Barrier(5)
+        replies: list[Reply] = []
+        lock = threading.Lock()
+
+        def worker() -> None:
+            start.wait(HANG_GUARD_S)
+            r = t.send_once(post())
+            with lock:
+                replies.append(r)
+
+        threads = [threading.Thread(target=worker) for _ in range(5)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(HANG_GUARD_S)
+        assert [r.status for r in replies] == [200] * 5
+        assert issued == [KEY, KEY]  # first token + exactly one replacement, raw key each time
+        x_calls = [s for s in stub.seen if s.path == "/api/v1/x"]
+        assert sorted(s.header("X-API-Key") or "" for s in x_calls) == sorted(
+            [jwts[0]] * 5 + [jwts[1]] * 5
+        )
+        exchanges = [s for s in stub.seen if s.path == "/api/v1/auth/token"]
+        assert all(s.body == b"{}" and s.header("x-sdk-method") is None for s in exchanges)
+    finally:
+        auth.close()
+        t.close()
+        base.close()
+
+
+def test_invalid_token_without_refresh_returns_the_401(stub: Stub) -> None:
+    stub.script("/api/v1/x", (401, {"WWW-Authenticate": 'Bearer error="invalid_token"'}, b"{}"))
+    with transport_for(stub.url) as t:
+        assert t.send_once(post()).status == 401
+    assert len(stub.seen) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Hooks, logging, secrets
+# ---------------------------------------------------------------------------------------------
+
+
+def test_request_hooks_and_isolation(stub: Stub, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="tinker_sync.transport")
+    events: list[HookEvent] = []
+
+    def broken(event: HookEvent) -> None:
+        raise RuntimeError("hook bug")
+
+    stub.script("/api/v1/x", (503, {}, b"{}"), "drop")
+    with transport_for(stub.url, hooks=(broken, events.append)) as t:
+        assert t.send_once(post(pool=Pool.SAMPLE), attempt=0).status == 503
+        with pytest.raises(APIConnectionError):
+            t.send_once(post(pool=Pool.SAMPLE), attempt=1)
+    assert [(e.kind, e["status"], e["attempt"], e["pool"], e["error"]) for e in events] == [
+        ("request", 503, 0, "sample", None),
+        ("request", None, 1, "sample", "APIConnectionError"),
+    ]
+    assert all(e["method"] == "POST" and e["path"] == "/api/v1/x" for e in events)
+    assert sum("hook" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_global_hooks_run_after_client_hooks(stub: Stub) -> None:
+    order: list[str] = []
+
+    def global_hook(event: HookEvent) -> None:
+        order.append("global")
+
+    _transport.add_global_hook(global_hook)
+    try:
+        with transport_for(stub.url, hooks=(lambda e: order.append("client"),)) as t:
+            t.send_once(post())
+    finally:
+        _transport.remove_global_hook(global_hook)
+    assert order == ["client", "global"]
+
+
+def test_debug_log_redacts_secrets(stub: Stub) -> None:
+    logger = logging.getLogger("tinker_sync.transport")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    env = {"CLOUDFLARE_ACCESS_CLIENT_SECRET": CF_SECRET}
+    try:
+        with transport_for(stub.url, environ=env) as t:
+            t.send_once(post())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    text = stream.getvalue()
+    assert "HTTP POST /api/v1/x" in text and "<redacted>" in text
+    assert KEY not in text and CF_SECRET not in text
+
+
+def test_deprecation_note_logged_once(stub: Stub, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="tinker_sync")
+    note = f"endpoint x is deprecated {id(stub)}"
+    hdrs = {"x-deprecation-note": note, "x-deprecation-level": "error"}
+    stub.script("/api/v1/x", (200, hdrs, b"{}"), (200, hdrs, b"{}"))
+    with transport_for(stub.url) as t:
+        t.send_once(post())
+        t.send_once(post())
+    records = [r for r in caplog.records if note in r.getMessage()]
+    assert len(records) == 1 and records[0].levelno == logging.ERROR
+
+
+def test_transport_is_not_picklable_and_repr_is_clean(stub: Stub) -> None:
+    with transport_for(stub.url) as t:
+        assert KEY not in repr(t)
+        with pytest.raises(TypeError):
+            pickle.dumps(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle and fork (B50)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_close_and_shared_pools(stub: Stub) -> None:
+    config = config_for(stub.url)
+    a = Transport(config, auth=CredentialAuth(config.credentials))
+    b = a.with_auth(StaticKeyAuth(config.credentials))
+    assert a.pools() is b.pools()  # one set of sessions per (pid, base_url)
+    a.close()
+    a.close()  # idempotent
+    with pytest.raises(ClientClosedError):
+        a.send_once(post())
+    assert b.send_once(post()).status == 200  # the other user keeps the pools
+    pools = b.pools()
+    b.close()
+    assert pools.closed
+    c = Transport(config)
+    assert c.pools() is not pools and c.send_once(post()).status == 200
+    close_all_pools()
+    with pytest.raises(ClientClosedError):
+        c.send_once(post())
+    c.close()
+
+
+def _pooled_sockets(t: Transport, pool: Pool) -> list[socket.socket]:
+    adapter = t.pools().session(pool).get_adapter(t.base_url)
+    socks = []
+    for conn_pool in adapter.poolmanager.pools._container.values():  # type: ignore[attr-defined]
+        for conn in list(conn_pool.pool.queue):
+            if conn is not None and conn.sock is not None:
+                socks.append(conn.sock)
+    return socks
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_child_rebuilds_pools_and_never_closes_inherited_sockets(stub: Stub) -> None:
+    with transport_for(stub.url) as t:
+        assert t.send_once(post()).status == 200
+        parent_pools = t.pools()
+        inherited = _pooled_sockets(t, Pool.TRAIN)
+        assert inherited, "expected a kept-alive connection"
+        parent_port = stub.seen[-1].client_port
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                ok = t.send_once(post("/api/v1/child")).status == 200
+                rebuilt = t.pools() is not parent_pools
+                buried = any(
+                    parent_pools in group
+                    for group in _transport._GRAVEYARD
+                    if isinstance(group, list)
+                )
+                t.close()
+                close_all_pools()
+                untouched = all(s.fileno() != -1 for s in inherited) and not parent_pools.closed
+                code = 0 if (ok and rebuilt and buried and untouched) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        child_req = [s for s in stub.seen if s.path == "/api/v1/child"][0]
+        assert child_req.client_port != parent_port  # the child opened its own connection
+        assert t.send_once(post("/api/v1/after")).status == 200
+        assert stub.seen[-1].client_port == parent_port  # the parent's connection still works
+
+
+def test_abort_inflight_unblocks_a_long_read(stub: Stub) -> None:
+    arrived = threading.Event()
+    release = threading.Event()
+    stub.blockers.append(release)
+
+    def hold(req: Seen) -> Action:
+        arrived.set()
+        return ("block", release)
+
+    stub.script("/api/v1/long", hold)
+    errors: list[BaseException] = []
+    with transport_for(stub.url) as t:
+        pools = t.pools()
+        assert t.send_once(post()).status == 200 and pools.inflight() == 0
+
+        def long_poll() -> None:
+            try:
+                t.send_once(post("/api/v1/long", pool=Pool.RETRIEVE_PROMISE, timeout=3600))
+            except BaseException as exc:
+                errors.append(exc)
+
+        th = threading.Thread(target=long_poll)
+        th.start()
+        assert arrived.wait(HANG_GUARD_S)
+        assert pools.inflight() == 1
+        assert pools.abort_inflight() == 1
+        th.join(HANG_GUARD_S)
+        assert not th.is_alive()
+        assert len(errors) == 1 and isinstance(errors[0], APIConnectionError)
+        assert t.send_once(post()).status == 200  # other pools' connections are unaffected
+
+
+@pytest.mark.slow
+def test_interpreter_exit_aborts_long_polls_in_pool_threads() -> None:
+    """B55: a ThreadPoolExecutor job blocked on a 3600 s read does not delay exit."""
+    script = textwrap.dedent(
+        """
+        import socket, threading
+        from concurrent.futures import ThreadPoolExecutor
+        from tinker_sync._config import ClientConfig
+        from tinker_sync._transport import Pool, RequestSpec, Transport
+
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        accepted = threading.Event()
+        held = []
+        def accept():
+            conn, _ = srv.accept()
+            held.append(conn)
+            accepted.set()
+        threading.Thread(target=accept, daemon=True).start()
+        url = "http://127.0.0.1:%d" % srv.getsockname()[1]
+        config = ClientConfig.from_env(base_url=url, api_key="tml-exit-test", environ={}, timeout=3600)
+        transport = Transport(config)
+        pool = ThreadPoolExecutor(1)
+        spec = RequestSpec(method="POST", path="/api/v1/retrieve_future", pool=Pool.RETRIEVE_PROMISE, json={})
+        future = pool.submit(transport.send_once, spec)
+        assert accepted.wait(60)
+        print("in-flight", flush=True)
+        """
+    )
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_GUARD_S
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    assert "in-flight" in proc.stdout
+    assert elapsed < 10.0  # without the exit hook the worker would block for an hour
+
+
+# ---------------------------------------------------------------------------------------------
+# Against tinker_sync.local.LocalServer with fault plans
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def local_server_factory() -> Iterator[Callable[..., Any]]:
+    local = pytest.importorskip("tinker_sync.local")
+    servers: list[Any] = []
+
+    def make(**kw: Any) -> Any:
+        server = local.LocalServer(**kw).start()
+        servers.append(server)
+        return server
+
+    try:
+        yield make
+    finally:
+        for server in servers:
+            server.stop()
+
+
+CONFIG_BODY = {"sdk_version": "0.38.0"}
+
+
+def config_spec() -> RequestSpec:
+    return RequestSpec(
+        method="POST", path="/api/v1/client/config", pool=Pool.SESSION, json=CONFIG_BODY
+    )
+
+
+@pytest.mark.parametrize(
+    ("faults", "statuses", "sleeps"),
+    [
+        (["client/config 500 x2"], [500, 500, 200], [0.5, 1.0]),
+        (["* 400 empty_body=true x3"], [400, 400, 400, 200], [0.5, 1.0, 2.0]),
+        (["client/config 429 retry_after_ms=750"], [429, 200], [0.75]),
+        (["client/config 503 retry_after=120"], [503, 200], [0.5]),
+        (["client/config drop-before"], [None, 200], [0.5]),
+    ],
+)
+def test_local_server_fault_flows(
+    local_server_factory: Callable[..., Any],
+    faults: list[str],
+    statuses: list[int | None],
+    sleeps: list[float],
+) -> None:
+    server = local_server_factory(faults=faults)
+    clock = FakeClock(rng=lambda: 0.0)
+    with transport_for(server.url, api_key=server.api_key, clock=clock) as t:
+        reply = send_with_retries(t, config_spec())
+    assert reply.status == 200 and reply.json()["pjwt_auth_enabled"] is False
+    assert [r.status for r in server.requests if r.endpoint == "client/config"] == statuses
+    assert clock.sleeps_for("http-retry") == pytest.approx(sleeps)
+
+
+def test_local_server_retry_after_date(local_server_factory: Callable[..., Any]) -> None:
+    server = local_server_factory(faults=["client/config 429 retry_after_date=30"])
+    clock = FakeClock(wall=time.time(), rng=lambda: 0.0)
+    with transport_for(server.url, api_key=server.api_key, clock=clock) as t:
+        send_with_retries(t, config_spec())
+    (delay,) = clock.sleeps_for("http-retry")
+    assert 28.0 <= delay <= 32.0  # 1 s date resolution + the time to start the request
+
+
+def test_local_server_should_retry_false_and_exhaustion(
+    local_server_factory: Callable[..., Any],
+) -> None:
+    server = local_server_factory(faults=["client/config 500 x* should_retry=false"])
+    clock = FakeClock(rng=lambda: 0.0)
+    with transport_for(server.url, api_key=server.api_key, clock=clock) as t:
+        with pytest.raises(InternalServerError) as info:
+            send_with_retries(t, config_spec())
+    assert info.value.status_code == 500 and "injected fault" in str(info.value)
+    assert clock.sleeps == [] and len(server.requests) == 1

@@ -1,0 +1,965 @@
+"""Immutable client configuration: base URL, credentials, headers, timeouts, server flags.
+
+Usage::
+
+    from tinker_sync._config import ClientConfig, ServerConfig, Timeout
+
+    config = ClientConfig.from_env(api_key=None, base_url=None)   # env read here, once
+    config.normalized_base_url          # key for connection pools and rate limiters (B11)
+    config.credentials.identity         # sha256 of the key / command text (lazy: first use)
+    config.timeout.as_tuple()           # (connect, read) for requests
+    server = ServerConfig.from_dict(reply_json)   # lenient: unknown keys ignored
+
+Environment variables are read only by :meth:`ClientConfig.from_env`, :func:`resolve_base_url`
+and :meth:`Credentials.from_env`, at construction time, never while a request is made. The
+exception is the credentials file (``~/.tinker/credentials.json``), read lazily at first use,
+and ``TINKER_CREDENTIAL_CMD``, whose command runs on every credential fetch (official
+behaviour).
+
+Secrets (API keys, JWTs, the Cloudflare secret) are held in :class:`Secret`, whose repr/str is
+``<redacted>``, which registers itself with :mod:`tinker_sync._redact` and which refuses to pickle.
+
+Thread safety: every class here is immutable after construction except :class:`Credentials`,
+whose lazy resolution is guarded by a fork-safe lock. Fork safety: plain data; a forked child
+keeps the resolved values.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol, TypedDict
+from urllib.parse import urlsplit
+
+import attrs
+
+from tinker_sync._clock import SYSTEM_CLOCK, Clock
+from tinker_sync._fork import make_lock
+from tinker_sync._redact import REDACTED, is_secret_header, redact_headers, register_secret, scrub
+from tinker_sync.exceptions import MissingCredentialsError
+
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_TIMEOUT",
+    "PROTOCOL_VERSION",
+    "AuthProvider",
+    "ClientConfig",
+    "CredentialAuth",
+    "CredentialSource",
+    "Credentials",
+    "DynamicConfig",
+    "RequestOptions",
+    "ResolvedCredential",
+    "Secret",
+    "ServerConfig",
+    "StaticKeyAuth",
+    "Timeout",
+    "jwt_claims",
+    "jwt_expiry",
+    "normalize_base_url",
+    "parse_tags",
+    "resolve_base_url",
+    "telemetry_enabled",
+]
+
+logger = logging.getLogger("tinker_sync.config")
+
+DEFAULT_BASE_URL = "https://tinker.thinkingmachines.dev/services/tinker-prod"
+PROTOCOL_VERSION = "0.38.0"
+"""The official SDK version whose wire protocol we speak (``x-sdk-version``, ``sdk_version``)."""
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_MAX_RETRIES = 10
+_COMMAND_TIMEOUT = 120.0
+
+MISSING_CREDENTIALS_MESSAGE = (
+    "No Tinker credential found: pass api_key=... to the client, set the TINKER_API_KEY "
+    "environment variable, set TINKER_CREDENTIAL_CMD to a command that prints one, or store "
+    "a key with `tinker auth login` (~/.tinker/credentials.json)."
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Timeout
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen(init=False)
+class Timeout:
+    """Per-request timeouts in seconds (httpx-compatible signature).
+
+    Usage::
+
+        Timeout()                    # connect 5, read/write/pool 60 (the default)
+        Timeout(30.0)                # connect 5, read/write/pool 30
+        Timeout(30.0, connect=2.0)   # explicit parts win
+        Timeout.coerce(30.0)         # a bare number sets every part: connect 30, read 30
+
+    ``None`` means "no limit" for that part. Only ``connect`` and ``read`` are enforced (requests
+    has no write/pool timeouts); ``write`` and ``pool`` are kept for httpx compatibility.
+    Thread safety: immutable. Fork safety: plain data.
+    """
+
+    connect: float | None
+    read: float | None
+    write: float | None
+    pool: float | None
+
+    def __init__(
+        self,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        *,
+        connect: float | None = None,
+        read: float | None = None,
+        write: float | None = None,
+        pool: float | None = None,
+    ) -> None:
+        if connect is None:
+            connect = (
+                DEFAULT_CONNECT_TIMEOUT
+                if timeout is None
+                else min(DEFAULT_CONNECT_TIMEOUT, timeout)
+            )
+        parts = {
+            "connect": connect,
+            "read": timeout if read is None else read,
+            "write": timeout if write is None else write,
+            "pool": timeout if pool is None else pool,
+        }
+        for name, value in parts.items():
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise TypeError(f"Timeout.{name} must be a number or None, not {value!r}")
+                if not value > 0 or math.isnan(value):
+                    raise ValueError(f"Timeout.{name} must be > 0, not {value!r}")
+                parts[name] = float(value)
+        self.__attrs_init__(**parts)
+
+    @classmethod
+    def coerce(cls, value: object) -> Timeout:
+        """Turn a user value into a Timeout.
+
+        ``None`` -> the default; a number -> every part equal to it; a :class:`Timeout` as is;
+        any object with ``connect``/``read`` attributes (e.g. ``httpx.Timeout``) is copied.
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, Timeout):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            v = float(value)
+            return cls(v, connect=v)
+        if hasattr(value, "connect") and hasattr(value, "read"):
+            read = getattr(value, "read", None)
+            return cls(
+                read,
+                connect=getattr(value, "connect", None),
+                read=read,
+                write=getattr(value, "write", None),
+                pool=getattr(value, "pool", None),
+            )
+        raise TypeError(f"timeout must be a number, None or Timeout, not {type(value).__name__}")
+
+    def as_tuple(self) -> tuple[float | None, float | None]:
+        """``(connect, read)``, the form requests expects."""
+        return (self.connect, self.read)
+
+
+class RequestOptions(TypedDict, total=False):
+    """Kept only so that ``from tinker import RequestOptions`` style imports work; unused."""
+
+    headers: Mapping[str, str]
+    max_retries: int
+    timeout: float | Timeout | None
+    params: Mapping[str, object]
+    extra_json: Mapping[str, object]
+    idempotency_key: str
+    follow_redirects: bool
+
+
+# --------------------------------------------------------------------------------------------
+# Base URL
+# --------------------------------------------------------------------------------------------
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normalize_base_url(url: str) -> str:
+    """Canonical form of a base URL; the single key for pools and limiters (B11).
+
+    Lower-cases scheme and host, drops the default port (80 for http, 443 for https), drops
+    user info, query and fragment, keeps the path (case preserved) without trailing ``/``. A URL
+    without scheme is taken as https::
+
+        normalize_base_url("https://EXAMPLE.com:443/") == "https://example.com"
+        normalize_base_url("example.com")              == "https://example.com"
+
+    Raises ValueError for other schemes or a missing host.
+    """
+    text = str(url).strip()
+    if not text:
+        raise ValueError("base_url is empty")
+    if "://" not in text:
+        text = "https://" + text
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise ValueError(f"base_url must use http:// or https://, got {scheme!r}")
+    host = parts.hostname
+    if not host:
+        raise ValueError(f"base_url has no host: {scrub(str(url))!r}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"base_url has an invalid port: {scrub(str(url))!r}") from exc
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    netloc = host if port is None or port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
+    path = parts.path.rstrip("/")
+    return f"{scheme}://{netloc}{path}"
+
+
+def resolve_base_url(base_url: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The base URL: the argument, else ``TINKER_BASE_URL``, else the production URL.
+
+    Empty strings count as unset and a trailing ``/`` is stripped (official ``lib/base_url.py``).
+    """
+    env = os.environ if environ is None else environ
+    resolved = str(base_url) if base_url is not None else ""
+    resolved = resolved or env.get("TINKER_BASE_URL") or DEFAULT_BASE_URL
+    return resolved.rstrip("/")
+
+
+# --------------------------------------------------------------------------------------------
+# Secrets and JWTs
+# --------------------------------------------------------------------------------------------
+
+
+class Secret:
+    """A secret string: ``repr``/``str`` show ``<redacted>``, ``reveal()`` gives the value.
+
+    Creating one registers the value with :func:`tinker_sync._redact.register_secret`, so it is
+    scrubbed from every exception message and log line. Pickling raises TypeError: carrying a
+    secret across processes must be an explicit ``reveal()`` by the caller.
+    Thread safety: immutable. Fork safety: plain data.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        if not isinstance(value, str):
+            raise TypeError("Secret value must be a str")
+        self._value = value
+        register_secret(value)
+
+    def reveal(self) -> str:
+        """Return the secret value. Never log or embed the result."""
+        return self._value
+
+    def sha256(self) -> str:
+        """Hex SHA-256 of the value (safe to use as an identity key)."""
+        return hashlib.sha256(self._value.encode()).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"Secret('{REDACTED}')"
+
+    def __str__(self) -> str:
+        return REDACTED
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Secret):
+            return NotImplemented
+        return hmac.compare_digest(self._value.encode(), other._value.encode())
+
+    def __hash__(self) -> int:
+        return hash(("Secret", self._value))
+
+    def __reduce__(self) -> Any:
+        raise TypeError("Secret values are not picklable; pass secret.reveal() explicitly")
+
+
+def jwt_claims(token: str) -> dict[str, Any]:
+    """Decode a JWT's payload claims without verifying the signature.
+
+    Raises ValueError (secret-free message) when the token is not a decodable JWT.
+    """
+    try:
+        payload = token.split(".")[1]
+        payload += "=" * (-len(payload) % 4)
+        claims = json.loads(base64.urlsafe_b64decode(payload))
+    except Exception as exc:
+        raise ValueError(f"cannot decode JWT claims ({type(exc).__name__})") from None
+    if not isinstance(claims, dict):
+        raise ValueError("JWT payload is not a JSON object")
+    return claims
+
+
+def jwt_expiry(token: str) -> float:
+    """The ``exp`` claim (epoch seconds) of a JWT; ValueError when missing or malformed."""
+    exp = jwt_claims(token).get("exp")
+    if isinstance(exp, bool) or not isinstance(exp, (int, float)):
+        raise ValueError("JWT has no numeric exp claim")
+    return float(exp)
+
+
+def _is_jwt(value: str) -> bool:
+    return value.startswith("eyJ")
+
+
+# --------------------------------------------------------------------------------------------
+# Credentials
+# --------------------------------------------------------------------------------------------
+
+
+class CredentialSource(str, enum.Enum):
+    """Where the credential came from, in precedence order."""
+
+    ARGUMENT = "api_key argument"
+    ENV = "TINKER_API_KEY"
+    COMMAND = "TINKER_CREDENTIAL_CMD"
+    STORED = "credentials file"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@attrs.frozen
+class ResolvedCredential:
+    """Outcome of the precedence rules: a static key, or a command run on every fetch."""
+
+    source: CredentialSource
+    key: Secret | None = attrs.field(repr=False)
+    command: str | None = attrs.field(repr=False)
+    identity: str
+
+
+def default_credentials_path() -> Path:
+    """``~/.tinker/credentials.json`` (written by the official ``tinker auth login``)."""
+    return Path("~/.tinker/credentials.json").expanduser()
+
+
+def read_stored_default_key(path: Path) -> str | None:
+    """The default key of a credentials file, or None (missing file, no default).
+
+    Layout (official ``lib/credentials.py``, version 1)::
+
+        {"version": 1, "default": "<key id>", "keys": {"<key id>": {"type": "manual"|"generated",
+                                                                     "key": "tml-...", ...}}}
+
+    A file that exists but cannot be parsed raises MissingCredentialsError.
+    """
+    try:
+        raw = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise MissingCredentialsError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise MissingCredentialsError(f"{path} is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise MissingCredentialsError(f"{path} does not hold a credentials object")
+    default = data.get("default")
+    keys = data.get("keys")
+    if default is None or not isinstance(keys, dict):
+        return None
+    record = keys.get(default)
+    if not isinstance(record, dict):
+        return None
+    key = record.get("key")
+    return key if isinstance(key, str) and key else None
+
+
+class Credentials:
+    """The caller's raw credential, resolved lazily in the official precedence order.
+
+    Order (B57): ``api_key`` argument, ``TINKER_API_KEY``, ``TINKER_CREDENTIAL_CMD`` (run on
+    every :meth:`fetch`), then the default key of ``~/.tinker/credentials.json``. A key must
+    start with ``tml-`` or be a JWT (``eyJ...``, whose ``exp`` is checked at each fetch). An
+    invalid argument/env key falls back to the command when one is set. Nothing is read or run
+    until first use; a missing credential raises :class:`MissingCredentialsError` then.
+
+    Usage::
+
+        creds = Credentials.from_env(api_key)          # env captured now
+        creds.identity      # sha256 hex of the key, or of the command text
+        creds.fetch()       # raw credential for X-API-Key / the JWT exchange
+        creds.static_key()  # for servers without JWT auth (command-only is an error)
+
+    Thread safety: resolution happens once under a lock; the command may run concurrently.
+    Fork safety: plain data. Not picklable (holds secrets).
+    """
+
+    def __init__(
+        self,
+        api_key: str | Secret | None = None,
+        *,
+        api_key_source: CredentialSource = CredentialSource.ARGUMENT,
+        command: str | None = None,
+        credentials_path: Path | str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        command_timeout: float = _COMMAND_TIMEOUT,
+    ) -> None:
+        if isinstance(api_key, str):
+            api_key = Secret(api_key) if api_key else None
+        self._api_key: Secret | None = api_key or None
+        self._api_key_source = api_key_source
+        self._command = command or None
+        self._path = Path(credentials_path) if credentials_path else default_credentials_path()
+        self._clock = clock
+        self._command_timeout = command_timeout
+        self._lock = make_lock()
+        self._resolved: ResolvedCredential | None = None
+
+    @classmethod
+    def from_env(
+        cls,
+        api_key: str | Secret | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        credentials_path: Path | str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> Credentials:
+        """Capture the argument, ``TINKER_API_KEY`` and ``TINKER_CREDENTIAL_CMD`` now."""
+        env = os.environ if environ is None else environ
+        source = CredentialSource.ARGUMENT
+        if not api_key:
+            api_key = env.get("TINKER_API_KEY") or None
+            source = CredentialSource.ENV
+        return cls(
+            api_key,
+            api_key_source=source,
+            command=env.get("TINKER_CREDENTIAL_CMD") or None,
+            credentials_path=credentials_path,
+            clock=clock,
+        )
+
+    # -- resolution --------------------------------------------------------------------------
+    def resolve(self) -> ResolvedCredential:
+        """Apply the precedence rules (once; failures are not cached)."""
+        resolved = self._resolved
+        if resolved is not None:
+            return resolved
+        with self._lock:
+            if self._resolved is None:
+                self._resolved = self._resolve()
+            return self._resolved
+
+    def _resolve(self) -> ResolvedCredential:
+        key = self._api_key
+        if key is not None:
+            value = key.reveal()
+            if _is_jwt(value) or value.startswith("tml-"):
+                return ResolvedCredential(self._api_key_source, key, None, key.sha256())
+            if self._command is None:
+                raise MissingCredentialsError(
+                    f"The api_key (from the {self._api_key_source}) must start with the "
+                    "'tml-' prefix (or be a JWT)."
+                )
+        if self._command is not None:
+            identity = hashlib.sha256(self._command.encode()).hexdigest()
+            return ResolvedCredential(CredentialSource.COMMAND, None, self._command, identity)
+        stored = read_stored_default_key(self._path)
+        if stored is None:
+            raise MissingCredentialsError(MISSING_CREDENTIALS_MESSAGE)
+        secret = Secret(stored)
+        if not (_is_jwt(stored) or stored.startswith("tml-")):
+            raise MissingCredentialsError(
+                f"The default key in {self._path} must start with the 'tml-' prefix."
+            )
+        return ResolvedCredential(CredentialSource.STORED, secret, None, secret.sha256())
+
+    @property
+    def identity(self) -> str:
+        """SHA-256 hex of the static key or of the command text (never of an exchanged JWT)."""
+        return self.resolve().identity
+
+    @property
+    def source(self) -> CredentialSource:
+        return self.resolve().source
+
+    @property
+    def has_command(self) -> bool:
+        """True when ``TINKER_CREDENTIAL_CMD`` was set."""
+        return self._command is not None
+
+    # -- fetching ----------------------------------------------------------------------------
+    def fetch(self) -> str:
+        """The raw credential by the default order; runs the command on every call if chosen."""
+        resolved = self.resolve()
+        if resolved.key is not None:
+            return self._checked_static(resolved.key.reveal(), resolved.source)
+        assert resolved.command is not None
+        return self._run_command(resolved.command)
+
+    def fetch_for_exchange(self, use_command: bool) -> str:
+        """The credential for ``POST /api/v1/auth/token`` (server ``pjwt_auth_enabled``).
+
+        ``use_command`` is ``server.credential_default_source == "credential_cmd"``: then the
+        command is used unless the api key is itself a JWT (official ``resolve_auth_provider``).
+        """
+        if not use_command:
+            return self.fetch()
+        key = self._api_key
+        if key is not None and _is_jwt(key.reveal()):
+            return self._checked_static(key.reveal(), self._api_key_source)
+        if self._command is None:
+            raise MissingCredentialsError(
+                "Your organization requires dynamic credentials: set TINKER_CREDENTIAL_CMD to a "
+                "command that prints a valid credential."
+            )
+        return self._run_command(self._command)
+
+    def static_key(self) -> str:
+        """The API key for a server without JWT auth (official: command-only is an error)."""
+        resolved = self.resolve()
+        if resolved.key is None:
+            raise MissingCredentialsError(
+                "This server does not enable JWT auth, so TINKER_CREDENTIAL_CMD cannot be used "
+                "alone: pass api_key=... or set TINKER_API_KEY."
+            )
+        return self._checked_static(resolved.key.reveal(), resolved.source)
+
+    def _checked_static(self, value: str, source: CredentialSource) -> str:
+        if _is_jwt(value):
+            try:
+                exp = jwt_expiry(value)
+            except ValueError as exc:
+                raise MissingCredentialsError(
+                    f"The api_key from the {source} looks like a JWT but {exc}."
+                ) from None
+            if self._clock.time() >= exp:
+                raise MissingCredentialsError(
+                    "The api_key JWT has expired. Pass a fresh one, or remove it and set "
+                    "TINKER_CREDENTIAL_CMD to a command that prints one."
+                )
+        return value
+
+    def _run_command(self, command: str) -> str:
+        try:
+            proc = subprocess.run(
+                command,
+                shell=True,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=self._command_timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise MissingCredentialsError(
+                f"TINKER_CREDENTIAL_CMD did not finish within {self._command_timeout:g} s."
+            ) from None
+        except OSError as exc:
+            raise MissingCredentialsError(
+                f"TINKER_CREDENTIAL_CMD could not run: {exc.strerror}"
+            ) from None
+        credential = proc.stdout.decode("utf-8", "replace").strip()
+        if not credential:
+            raise MissingCredentialsError(
+                f"TINKER_CREDENTIAL_CMD returned an empty credential (exit status {proc.returncode})."
+            )
+        register_secret(credential)
+        if _is_jwt(credential):
+            try:
+                exp = jwt_expiry(credential)
+            except ValueError:
+                exp = math.inf
+            if self._clock.time() >= exp:
+                raise MissingCredentialsError("TINKER_CREDENTIAL_CMD printed an expired JWT.")
+        return credential
+
+    def __repr__(self) -> str:
+        parts = []
+        if self._api_key is not None:
+            parts.append(f"api_key=<redacted> ({self._api_key_source})")
+        if self._command is not None:
+            parts.append("command=<set>")
+        return f"<Credentials {' '.join(parts) or 'unresolved'}>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("Credentials are not picklable (they hold secrets)")
+
+
+class AuthProvider(Protocol):
+    """What the transport asks for the ``X-API-Key`` value of each request.
+
+    * ``token()``: the value to send (may block for a JWT exchange; raises on failure).
+    * ``replace(rejected)``: after a 401 with ``error="invalid_token"`` for ``rejected``: a new
+      token to replay the request once with, or None when this provider cannot refresh.
+    """
+
+    def token(self) -> str: ...
+
+    def replace(self, rejected: str) -> str | None: ...
+
+
+class StaticKeyAuth:
+    """``X-API-Key`` = the static API key (servers without JWT auth).
+
+    Thread safety: stateless. Fork safety: yes.
+    """
+
+    def __init__(self, credentials: Credentials) -> None:
+        self.credentials = credentials
+
+    def token(self) -> str:
+        return self.credentials.static_key()
+
+    def replace(self, rejected: str) -> str | None:
+        return None
+
+    def __repr__(self) -> str:
+        return "<StaticKeyAuth>"
+
+
+class CredentialAuth:
+    """``X-API-Key`` = the raw credential by the default order (command run per request).
+
+    Used for ``client/config`` (always the raw credential) and for the JWT exchange.
+    Thread safety: stateless. Fork safety: yes.
+    """
+
+    def __init__(self, credentials: Credentials, *, use_command: bool = False) -> None:
+        self.credentials = credentials
+        self.use_command = use_command
+
+    def token(self) -> str:
+        if self.use_command:
+            return self.credentials.fetch_for_exchange(True)
+        return self.credentials.fetch()
+
+    def replace(self, rejected: str) -> str | None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<CredentialAuth use_command={self.use_command}>"
+
+
+# --------------------------------------------------------------------------------------------
+# Client configuration
+# --------------------------------------------------------------------------------------------
+
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+
+
+def telemetry_enabled(value: str | None) -> bool:
+    """``TINKER_TELEMETRY``: on when unset, else only for 1/true/yes/on (any case)."""
+    if value is None:
+        return True
+    return value.strip().lower() in _TRUE_WORDS
+
+
+def parse_tags(value: str | None) -> tuple[str, ...]:
+    """``TINKER_TAGS``: split on ``,``, strip, drop empties, de-duplicate keeping order."""
+    if not value:
+        return ()
+    seen: dict[str, None] = {}
+    for part in value.split(","):
+        tag = part.strip()
+        if tag:
+            seen.setdefault(tag, None)
+    return tuple(seen)
+
+
+def _parse_log_level(value: str | None) -> str | None:
+    if not value:
+        return None
+    level = value.strip().lower()
+    return level if level in ("debug", "info") else None
+
+
+def _merge_headers(*layers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    """Merge header mappings case-insensitively; later layers win (and keep their spelling)."""
+    merged: dict[str, tuple[str, str]] = {}
+    for layer in layers:
+        for name, value in (layer or {}).items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise TypeError("header names and values must be str")
+            merged[name.lower()] = (name, value)
+    return tuple(merged.values())
+
+
+def _headers_repr(headers: tuple[tuple[str, str], ...]) -> str:
+    return repr(redact_headers(headers))
+
+
+def _normalized(self: ClientConfig) -> str:
+    return normalize_base_url(self.base_url)
+
+
+@attrs.frozen(kw_only=True)
+class ClientConfig:
+    """Everything a client needs to talk to one server, resolved once at construction.
+
+    Build with :meth:`from_env`. Fields: ``base_url`` (as resolved), ``normalized_base_url``
+    (pool/limiter key), ``credentials``, ``project_id``, ``tags``, ``headers`` (user headers:
+    ``default_headers`` merged with ``default_headers_overrides``), Cloudflare access id/secret,
+    ``timeout``, ``max_retries``, ``telemetry``, ``log_level``.
+
+    Pickling keeps only non-secret fields; the unpickled copy resolves its credential and the
+    Cloudflare secret from its own process environment (B53).
+    Thread safety: immutable. Fork safety: plain data.
+    """
+
+    base_url: str
+    credentials: Credentials = attrs.field(repr=False, eq=False)
+    project_id: str | None = None
+    tags: tuple[str, ...] = ()
+    headers: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=_headers_repr)
+    cloudflare_client_id: str | None = None
+    cloudflare_client_secret: Secret | None = attrs.field(default=None, repr=False)
+    timeout: Timeout = attrs.field(factory=Timeout)
+    max_retries: int = DEFAULT_MAX_RETRIES
+    telemetry: bool = True
+    log_level: str | None = None
+    normalized_base_url: str = attrs.field(
+        init=False, default=attrs.Factory(_normalized, takes_self=True)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int):
+            raise TypeError("max_retries must be an int")
+        if self.max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        project_id: str | None = None,
+        default_headers: Mapping[str, str] | None = None,
+        default_headers_overrides: Mapping[str, str] | None = None,
+        timeout: object = None,
+        max_retries: int | None = None,
+        environ: Mapping[str, str] | None = None,
+        credentials_path: Path | str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> ClientConfig:
+        """Resolve arguments against the environment (``environ`` defaults to ``os.environ``)."""
+        env = os.environ if environ is None else environ
+        cf_secret = env.get("CLOUDFLARE_ACCESS_CLIENT_SECRET") or None
+        return cls(
+            base_url=resolve_base_url(base_url, env),
+            credentials=Credentials.from_env(
+                api_key, environ=env, credentials_path=credentials_path, clock=clock
+            ),
+            project_id=project_id or env.get("TINKER_PROJECT_ID") or None,
+            tags=parse_tags(env.get("TINKER_TAGS")),
+            headers=_merge_headers(default_headers, default_headers_overrides),
+            cloudflare_client_id=env.get("CLOUDFLARE_ACCESS_CLIENT_ID") or None,
+            cloudflare_client_secret=Secret(cf_secret) if cf_secret else None,
+            timeout=Timeout.coerce(timeout),
+            max_retries=DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
+            telemetry=telemetry_enabled(env.get("TINKER_TELEMETRY")),
+            log_level=_parse_log_level(env.get("TINKER_LOG")),
+        )
+
+    @property
+    def credential_identity(self) -> str:
+        """SHA-256 hex of the static key or command text (limiter key, B11); resolves lazily."""
+        return self.credentials.identity
+
+    @property
+    def user_headers(self) -> dict[str, str]:
+        """The merged user headers as a dict (may contain secrets: never log it)."""
+        return dict(self.headers)
+
+    def static_headers(self) -> dict[str, str]:
+        """Headers from config sent on every request: Cloudflare access, then user headers.
+
+        User headers win over the Cloudflare ones (case-insensitively). Contains secrets.
+        """
+        cf: dict[str, str] = {}
+        if self.cloudflare_client_id:
+            cf["CF-Access-Client-Id"] = self.cloudflare_client_id
+        if self.cloudflare_client_secret:
+            cf["CF-Access-Client-Secret"] = self.cloudflare_client_secret.reveal()
+        return dict(_merge_headers(cf, dict(self.headers)))
+
+    def public_state(self) -> dict[str, Any]:
+        """A picklable, secret-free snapshot (secret-looking user headers dropped)."""
+        return {
+            "base_url": self.base_url,
+            "project_id": self.project_id,
+            "tags": self.tags,
+            "headers": tuple((k, v) for k, v in self.headers if not is_secret_header(k)),
+            "cloudflare_client_id": self.cloudflare_client_id,
+            "timeout": (self.timeout.connect, self.timeout.read),
+            "max_retries": self.max_retries,
+            "telemetry": self.telemetry,
+            "log_level": self.log_level,
+        }
+
+    @classmethod
+    def from_public_state(
+        cls,
+        state: Mapping[str, Any],
+        *,
+        api_key: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> ClientConfig:
+        """Rebuild from :meth:`public_state`; secrets come from ``api_key``/this process's env."""
+        env = os.environ if environ is None else environ
+        connect, read = state.get("timeout", (DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT))
+        cf_secret = env.get("CLOUDFLARE_ACCESS_CLIENT_SECRET") or None
+        return cls(
+            base_url=state["base_url"],
+            credentials=Credentials.from_env(api_key, environ=env),
+            project_id=state.get("project_id"),
+            tags=tuple(state.get("tags", ())),
+            headers=tuple(tuple(h) for h in state.get("headers", ())),
+            cloudflare_client_id=state.get("cloudflare_client_id"),
+            cloudflare_client_secret=Secret(cf_secret) if cf_secret else None,
+            timeout=Timeout(read, connect=connect),
+            max_retries=state.get("max_retries", DEFAULT_MAX_RETRIES),
+            telemetry=state.get("telemetry", True),
+            log_level=state.get("log_level"),
+        )
+
+    def __reduce__(self) -> Any:
+        return (_unpickle_client_config, (self.public_state(),))
+
+
+def _unpickle_client_config(state: dict[str, Any]) -> ClientConfig:
+    return ClientConfig.from_public_state(state)
+
+
+# --------------------------------------------------------------------------------------------
+# Server-side configuration (client/config and client/dynamic_config replies)
+# --------------------------------------------------------------------------------------------
+
+
+def _check_value(kind: type, value: object) -> object:
+    """Return ``value`` coerced to ``kind`` or raise TypeError (lenient only for whole floats)."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif kind is str and isinstance(value, str):
+        return value
+    raise TypeError(type(value).__name__)
+
+
+def _lenient_kwargs(cls: type, data: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if data is None:
+        return kwargs
+    if not isinstance(data, Mapping):
+        logger.warning("%s reply is not an object; using defaults", what)
+        return kwargs
+    for field in attrs.fields(cls):
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if value is None:
+            continue
+        kind = field.metadata.get("kind", str)
+        try:
+            kwargs[field.name] = _check_value(kind, value)
+        except TypeError:
+            logger.warning(
+                "%s field %r has type %s, expected %s; using the default %r",
+                what,
+                field.name,
+                type(value).__name__,
+                kind.__name__,
+                field.default,
+            )
+    return kwargs
+
+
+def _flag(default: bool) -> Any:
+    return attrs.field(default=default, metadata={"kind": bool})
+
+
+def _int(default: int) -> Any:
+    return attrs.field(default=default, metadata={"kind": int})
+
+
+def _str(default: str) -> Any:
+    return attrs.field(default=default, metadata={"kind": str})
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """Flags from ``POST /api/v1/client/config`` (PROTOCOL §1.1), with the official defaults.
+
+    Build with :meth:`from_dict`: unknown keys are ignored, null means "default", and a value of
+    the wrong type falls back to the default with a warning (never an exception).
+    Thread safety: immutable. Fork safety: plain data.
+    """
+
+    pjwt_auth_enabled: bool = _flag(False)
+    credential_default_source: str = _str("api_key")
+    sample_dispatch_bytes_semaphore_size: int = _int(10 * 1024 * 1024)
+    inflight_response_bytes_semaphore_size: int = _int(50 * 1024 * 1024)
+    parallel_fwdbwd_chunks: bool = _flag(True)
+    proto_compress_fwdbwd: bool = _flag(False)
+    fwdbwd_max_chunk_len: int = _int(1024)
+    fwdbwd_max_chunk_bytes_count: int = _int(5_000_000)
+    fwdbwd_dispatch_bytes_semaphore_size: int = _int(50_000_000)
+    billing_exception_max_pause_duration_sec: int = _int(3600)
+    sample_no_retries: bool = _flag(False)
+    sample_enable_stuck_detection: bool = _flag(True)
+    sample_max_concurrent_requests: int = _int(2000)
+    use_pyqwest_transport: bool = _flag(True)
+    sample_use_retrieve_futures: bool = _flag(False)
+    custom_loss_server_side: bool = _flag(False)
+    sample_join_sampling_session: bool = _flag(False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ServerConfig:
+        return cls(**_lenient_kwargs(cls, data, "client/config"))
+
+    @property
+    def uses_credential_command(self) -> bool:
+        """True when the JWT exchange must use ``TINKER_CREDENTIAL_CMD``."""
+        return self.credential_default_source == "credential_cmd"
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
+class DynamicConfig:
+    """Reply of ``POST /api/v1/client/dynamic_config`` with defaults (PROTOCOL §1.1).
+
+    ``refresh_every`` is ``max(refresh_interval_sec, 10)`` seconds.
+    Thread safety: immutable. Fork safety: plain data.
+    """
+
+    refresh_interval_sec: int = _int(300)
+    sample_cancel_enabled: bool = _flag(False)
+    sample_cancel_max_batch_size: int = _int(64)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> DynamicConfig:
+        return cls(**_lenient_kwargs(cls, data, "client/dynamic_config"))
+
+    @property
+    def refresh_every(self) -> float:
+        return float(max(self.refresh_interval_sec, 10))
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
