@@ -682,6 +682,19 @@ class HttpServer:
             logger.warning("app.match_fields failed", exc_info=True)
         return fields
 
+    def _summary(self, request: HttpRequest) -> dict[str, Any] | None:
+        """A proto summary for requests the app did not handle (faults answered them)."""
+        if "protobuf" not in request.headers.get("content-type", ""):
+            return None
+        summarize = getattr(self._app, "proto_summary", None)
+        if summarize is None:
+            return None
+        try:
+            result: dict[str, Any] | None = summarize(request)
+        except Exception:
+            return None
+        return result
+
     async def _call_app(self, request: HttpRequest) -> HttpResponse:
         try:
             return await self._app.handle(request)
@@ -720,7 +733,7 @@ class HttpServer:
                 status=status,
                 raw_headers=request.headers,
                 json=body_json,
-                proto=request.log_proto,
+                proto=request.log_proto if request.log_proto is not None else self._summary(request),
                 fault=None if decision is None else decision.name,
                 duration_s=elapsed,
                 query=request.query,

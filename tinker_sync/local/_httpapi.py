@@ -77,6 +77,10 @@ class App(Protocol):
         """Extra fields fault rules may match on (``request_type`` for polls, body fields)."""
         ...
 
+    def proto_summary(self, request: HttpRequest) -> dict[str, Any] | None:
+        """Decoded header fields of a protobuf body, for the request log (None if not proto)."""
+        ...
+
     def endpoint_name(self, request: HttpRequest) -> str:
         """The path after ``/api/v1/`` (or the admin path), used by fault rules and the log."""
         ...

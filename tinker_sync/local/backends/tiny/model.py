@@ -55,8 +55,10 @@ class TinyConfig:
     d_ff: int = 384
     max_context: int = 512
     vocab_size: int = BYTE_VOCAB_SIZE
-    #: LoRA scaling numerator: adapters contribute ``(lora_alpha / rank) * A @ B``.
-    lora_alpha: float = 16.0
+    #: LoRA scaling numerator: adapters contribute ``(lora_alpha / rank) * A @ B``. Chosen so
+    #: that the usual LoRA learning rate (1e-3, the demo's default) trains the served model in
+    #: a few dozen steps.
+    lora_alpha: float = 160.0
     #: Seed of the frozen base weights.
     base_seed: int = 20240611
     #: ``"float64"`` is for gradient checks; the server uses float32.
