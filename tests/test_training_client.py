@@ -97,7 +97,7 @@ def test_retried_chunk_reuses_seq_id_and_idempotency_key(server):
     """T-A3 (B4, B34): 500, 500, 200 share seq_id and key; the next op leaves after."""
     from tinker_sync._clock import FakeClock
 
-    clock = FakeClock(rng=lambda: 1.0)
+    clock = FakeClock(rng=lambda: 0.0)  # jitter factor 1 - 0.25 * r: the top of the range
     service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key,
                                         _clock=clock)
     try:

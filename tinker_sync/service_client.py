@@ -125,6 +125,16 @@ class ServiceClient:
         self._training_queue_observer = QueueStateReporter("training", _clock)
         self._close_future: APIFuture[None] | None = None
         self._rest: RestClient | None = None
+        self._session.add_close_listener(self._fail_pending)
+
+    def _fail_pending(self) -> None:
+        from tinker_sync._futures import fail_pending
+        from tinker_sync.exceptions import ClientClosedError
+
+        fail_pending(
+            lambda fut: ClientClosedError(f"{fut!r} was still pending when its client closed"),
+            owner=self._session,
+        )
 
     def __repr__(self) -> str:
         sid = self._session.session_id
