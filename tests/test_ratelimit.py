@@ -88,8 +88,11 @@ def test_byte_gate_admits_while_non_negative_and_penalises_after_backoff():
     """T-B5 (B12): a second 6 MiB prompt waits; a lone 30 MiB prompt is admitted."""
     clock = FakeClock()
     limiter = limiter_for("https://x", "k", clock)
-    limiter.configure(sample_dispatch_bytes=10 * MiB, fwdbwd_dispatch_bytes=50_000_000,
-                      inflight_response_bytes=50 * MiB)
+    limiter.configure(
+        sample_dispatch_bytes=10 * MiB,
+        fwdbwd_dispatch_bytes=50_000_000,
+        inflight_response_bytes=50 * MiB,
+    )
     with limiter.dispatch(6 * MiB, lambda: None):
         assert limiter.snapshot()["sample_bytes"] == 4 * MiB
         with limiter.dispatch(6 * MiB, lambda: None):  # admitted: budget was >= 0

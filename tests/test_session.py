@@ -19,8 +19,9 @@ HANG = 60.0
 
 def datum() -> types.Datum:
     t = np.arange(5)
-    return types.Datum(model_input=types.ModelInput.from_ints(t[:-1]),
-                       loss_fn_inputs={"target_tokens": t[1:]})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(t[:-1]), loss_fn_inputs={"target_tokens": t[1:]}
+    )
 
 
 def test_constructor_sends_nothing_and_starts_no_thread(server):
@@ -55,8 +56,10 @@ def test_50_racing_first_uses_make_one_config_and_one_session(server):
     assert server.requests.count("client/config") == 1
     assert server.requests.count("client/dynamic_config") == 1
     assert server.requests.count("create_session") == 1
-    seqs = sorted(r.json["sampling_session_seq_id"]
-                  for r in server.requests.filter(endpoint="create_sampling_session"))
+    seqs = sorted(
+        r.json["sampling_session_seq_id"]
+        for r in server.requests.filter(endpoint="create_sampling_session")
+    )
     assert seqs == list(range(50))
     order = [r.endpoint for r in server.requests.filter()][:3]
     assert order == ["client/config", "client/dynamic_config", "create_session"]

@@ -62,8 +62,11 @@ def small(n: int) -> list[types.Datum]:
 
 
 def fwd_arrivals(server) -> list[int]:
-    return [r.proto["seq_id"] for r in server.requests.filter(endpoint="forward_backward")
-            if r.status == 200]
+    return [
+        r.proto["seq_id"]
+        for r in server.requests.filter(endpoint="forward_backward")
+        if r.status == 200
+    ]
 
 
 @pytest.mark.parametrize("parallel", [True, False])
@@ -98,8 +101,7 @@ def test_retried_chunk_reuses_seq_id_and_idempotency_key(server):
     from tinker_sync._clock import FakeClock
 
     clock = FakeClock(rng=lambda: 0.0)  # jitter factor 1 - 0.25 * r: the top of the range
-    service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key,
-                                        _clock=clock)
+    service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key, _clock=clock)
     try:
         training = service.create_lora_training_client("base", rank=4)
         server.faults.add("forward_backward 500 x2")
@@ -156,8 +158,14 @@ def test_validation_errors_consume_no_seq_id(server, service):
         lambda: training.forward_backward([], "cross_entropy"),
         lambda: training.forward_backward([datum()], "not_a_loss"),
         lambda: training.forward_backward(
-            [types.Datum(model_input=types.ModelInput(chunks=[pointer]),
-                         loss_fn_inputs={"target_tokens": [1, 2]})], "cross_entropy"),
+            [
+                types.Datum(
+                    model_input=types.ModelInput(chunks=[pointer]),
+                    loss_fn_inputs={"target_tokens": [1, 2]},
+                )
+            ],
+            "cross_entropy",
+        ),
         lambda: training.optim_step(),
         lambda: training.optim_step(types.AdamParams(), adam_params=types.AdamParams()),
         lambda: training.optim_step("adam"),  # type: ignore[arg-type]
@@ -186,8 +194,10 @@ def test_32_clients_8_threads_mixed_ops_all_finish(server, service):
     def worker(k: int) -> None:
         barrier.wait(HANG)
         for j, training in enumerate(clients):
-            fs = [training.forward_backward(small(3), "cross_entropy"),
-                  training.optim_step(types.AdamParams())]
+            fs = [
+                training.forward_backward(small(3), "cross_entropy"),
+                training.optim_step(types.AdamParams()),
+            ]
             if (j + k) % 8 == 0:
                 fs.append(training.forward(small(2), "cross_entropy"))
             with lock:

@@ -105,7 +105,75 @@ _EXPORTS: dict[str, str] = {
 _SUBMODULES = ("types", "auth")
 
 __all__ = [
-    *sorted(_EXPORTS),
+    "APIConnectError",
+    "APIConnectTimeoutError",
+    "APIConnectionError",
+    "APIError",
+    "APIFuture",
+    "APIResponseValidationError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AdamOptimizerConfig",
+    "AdamParams",
+    "AuthenticationError",
+    "BackcompatSamplingClientFuture",
+    "BackcompatTrainingClientFuture",
+    "BadRequestError",
+    "BillingError",
+    "Checkpoint",
+    "CheckpointType",
+    "ClientClosedError",
+    "ConflictError",
+    "Datum",
+    "DimuonOptimizerConfig",
+    "DimuonParams",
+    "DmelChunk",
+    "EncodedTextChunk",
+    "ExperimentalWarning",
+    "ForkedProcessError",
+    "ForwardBackwardOutput",
+    "FutureExpiredError",
+    "FuturePollError",
+    "InternalServerError",
+    "LoraConfig",
+    "LossHandle",
+    "MissingCredentialsError",
+    "ModelID",
+    "ModelInput",
+    "ModelInputChunk",
+    "NotFoundError",
+    "OptimParams",
+    "OptimStepRequest",
+    "OptimStepResponse",
+    "ParsedCheckpointTinkerPath",
+    "PerDatumLossFn",
+    "PermissionDeniedError",
+    "PromptProvenanceSpan",
+    "RateLimitError",
+    "RequestErrorCategory",
+    "RequestFailedError",
+    "RequestOptions",
+    "RequestOutcome",
+    "RestClient",
+    "RetryConfig",
+    "SampleRequest",
+    "SampleResponse",
+    "SampledProvenanceSpan",
+    "SampledSequence",
+    "SamplingClient",
+    "SamplingParams",
+    "SamplingStuckError",
+    "ServiceClient",
+    "StopReason",
+    "TensorData",
+    "TensorDtype",
+    "Timeout",
+    "TinkerError",
+    "TinkerTokenizer",
+    "TokenizerLoadError",
+    "TrainingClient",
+    "TrainingRun",
+    "UnprocessableEntityError",
     "__protocol_version__",
     "__title__",
     "__version__",
@@ -134,22 +202,210 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     from tinker_sync import auth as auth
     from tinker_sync import types as types
-    from tinker_sync._config import RequestOptions as RequestOptions
-    from tinker_sync._config import Timeout as Timeout
-    from tinker_sync._futures import APIFuture as APIFuture
-    from tinker_sync.exceptions import *  # noqa: F403
-    from tinker_sync.rest_client import RestClient as RestClient
+    from tinker_sync._config import (
+        RequestOptions as RequestOptions,
+    )
+    from tinker_sync._config import (
+        Timeout as Timeout,
+    )
+    from tinker_sync._futures import (
+        APIFuture as APIFuture,
+    )
+    from tinker_sync.exceptions import (
+        APIConnectError as APIConnectError,
+    )
+    from tinker_sync.exceptions import (
+        APIConnectionError as APIConnectionError,
+    )
+    from tinker_sync.exceptions import (
+        APIConnectTimeoutError as APIConnectTimeoutError,
+    )
+    from tinker_sync.exceptions import (
+        APIError as APIError,
+    )
+    from tinker_sync.exceptions import (
+        APIResponseValidationError as APIResponseValidationError,
+    )
+    from tinker_sync.exceptions import (
+        APIStatusError as APIStatusError,
+    )
+    from tinker_sync.exceptions import (
+        APITimeoutError as APITimeoutError,
+    )
+    from tinker_sync.exceptions import (
+        AuthenticationError as AuthenticationError,
+    )
+    from tinker_sync.exceptions import (
+        BadRequestError as BadRequestError,
+    )
+    from tinker_sync.exceptions import (
+        BillingError as BillingError,
+    )
+    from tinker_sync.exceptions import (
+        ClientClosedError as ClientClosedError,
+    )
+    from tinker_sync.exceptions import (
+        ConflictError as ConflictError,
+    )
+    from tinker_sync.exceptions import (
+        ExperimentalWarning as ExperimentalWarning,
+    )
+    from tinker_sync.exceptions import (
+        ForkedProcessError as ForkedProcessError,
+    )
+    from tinker_sync.exceptions import (
+        FutureExpiredError as FutureExpiredError,
+    )
+    from tinker_sync.exceptions import (
+        FuturePollError as FuturePollError,
+    )
+    from tinker_sync.exceptions import (
+        InternalServerError as InternalServerError,
+    )
+    from tinker_sync.exceptions import (
+        MissingCredentialsError as MissingCredentialsError,
+    )
+    from tinker_sync.exceptions import (
+        NotFoundError as NotFoundError,
+    )
+    from tinker_sync.exceptions import (
+        PermissionDeniedError as PermissionDeniedError,
+    )
+    from tinker_sync.exceptions import (
+        RateLimitError as RateLimitError,
+    )
+    from tinker_sync.exceptions import (
+        RequestErrorCategory as RequestErrorCategory,
+    )
+    from tinker_sync.exceptions import (
+        RequestFailedError as RequestFailedError,
+    )
+    from tinker_sync.exceptions import (
+        RequestOutcome as RequestOutcome,
+    )
+    from tinker_sync.exceptions import (
+        SamplingStuckError as SamplingStuckError,
+    )
+    from tinker_sync.exceptions import (
+        TinkerError as TinkerError,
+    )
+    from tinker_sync.exceptions import (
+        TokenizerLoadError as TokenizerLoadError,
+    )
+    from tinker_sync.exceptions import (
+        UnprocessableEntityError as UnprocessableEntityError,
+    )
+    from tinker_sync.rest_client import (
+        RestClient as RestClient,
+    )
     from tinker_sync.sampling_client import (
         BackcompatSamplingClientFuture as BackcompatSamplingClientFuture,
     )
-    from tinker_sync.sampling_client import RetryConfig as RetryConfig
-    from tinker_sync.sampling_client import SamplingClient as SamplingClient
-    from tinker_sync.service_client import ServiceClient as ServiceClient
-    from tinker_sync.tokenizer import TinkerTokenizer as TinkerTokenizer
+    from tinker_sync.sampling_client import (
+        RetryConfig as RetryConfig,
+    )
+    from tinker_sync.sampling_client import (
+        SamplingClient as SamplingClient,
+    )
+    from tinker_sync.service_client import (
+        ServiceClient as ServiceClient,
+    )
+    from tinker_sync.tokenizer import (
+        TinkerTokenizer as TinkerTokenizer,
+    )
     from tinker_sync.training_client import (
         BackcompatTrainingClientFuture as BackcompatTrainingClientFuture,
     )
-    from tinker_sync.training_client import LossHandle as LossHandle
-    from tinker_sync.training_client import PerDatumLossFn as PerDatumLossFn
-    from tinker_sync.training_client import TrainingClient as TrainingClient
-    from tinker_sync.types import *  # noqa: F403
+    from tinker_sync.training_client import (
+        LossHandle as LossHandle,
+    )
+    from tinker_sync.training_client import (
+        PerDatumLossFn as PerDatumLossFn,
+    )
+    from tinker_sync.training_client import (
+        TrainingClient as TrainingClient,
+    )
+    from tinker_sync.types import (
+        AdamOptimizerConfig as AdamOptimizerConfig,
+    )
+    from tinker_sync.types import (
+        AdamParams as AdamParams,
+    )
+    from tinker_sync.types import (
+        Checkpoint as Checkpoint,
+    )
+    from tinker_sync.types import (
+        CheckpointType as CheckpointType,
+    )
+    from tinker_sync.types import (
+        Datum as Datum,
+    )
+    from tinker_sync.types import (
+        DimuonOptimizerConfig as DimuonOptimizerConfig,
+    )
+    from tinker_sync.types import (
+        DimuonParams as DimuonParams,
+    )
+    from tinker_sync.types import (
+        DmelChunk as DmelChunk,
+    )
+    from tinker_sync.types import (
+        EncodedTextChunk as EncodedTextChunk,
+    )
+    from tinker_sync.types import (
+        ForwardBackwardOutput as ForwardBackwardOutput,
+    )
+    from tinker_sync.types import (
+        LoraConfig as LoraConfig,
+    )
+    from tinker_sync.types import (
+        ModelID as ModelID,
+    )
+    from tinker_sync.types import (
+        ModelInput as ModelInput,
+    )
+    from tinker_sync.types import (
+        ModelInputChunk as ModelInputChunk,
+    )
+    from tinker_sync.types import (
+        OptimParams as OptimParams,
+    )
+    from tinker_sync.types import (
+        OptimStepRequest as OptimStepRequest,
+    )
+    from tinker_sync.types import (
+        OptimStepResponse as OptimStepResponse,
+    )
+    from tinker_sync.types import (
+        ParsedCheckpointTinkerPath as ParsedCheckpointTinkerPath,
+    )
+    from tinker_sync.types import (
+        PromptProvenanceSpan as PromptProvenanceSpan,
+    )
+    from tinker_sync.types import (
+        SampledProvenanceSpan as SampledProvenanceSpan,
+    )
+    from tinker_sync.types import (
+        SampledSequence as SampledSequence,
+    )
+    from tinker_sync.types import (
+        SampleRequest as SampleRequest,
+    )
+    from tinker_sync.types import (
+        SampleResponse as SampleResponse,
+    )
+    from tinker_sync.types import (
+        SamplingParams as SamplingParams,
+    )
+    from tinker_sync.types import (
+        StopReason as StopReason,
+    )
+    from tinker_sync.types import (
+        TensorData as TensorData,
+    )
+    from tinker_sync.types import (
+        TensorDtype as TensorDtype,
+    )
+    from tinker_sync.types import (
+        TrainingRun as TrainingRun,
+    )

@@ -45,20 +45,28 @@ def _require_torch() -> Any:
 def _forward_datum(datum: Datum) -> Datum:
     inputs = datum.loss_fn_inputs
     if "target_tokens" not in inputs:
-        raise ValueError("forward_backward_custom needs loss_fn_inputs['target_tokens'] in every datum")
+        raise ValueError(
+            "forward_backward_custom needs loss_fn_inputs['target_tokens'] in every datum"
+        )
     target = inputs["target_tokens"]
     weights = inputs.get("weights")
     if weights is None:
         weights = TensorData.from_numpy(np.zeros(target.to_numpy().shape, dtype=np.float32))
-    return datum.model_copy(update={"loss_fn_inputs": {"target_tokens": target, "weights": weights}})
+    return datum.model_copy(
+        update={"loss_fn_inputs": {"target_tokens": target, "weights": weights}}
+    )
 
 
 def _backward_datum(datum: Datum, weights: np.ndarray[Any, Any]) -> Datum:
     target = datum.loss_fn_inputs["target_tokens"]
-    return datum.model_copy(update={"loss_fn_inputs": {
-        "target_tokens": target,
-        "weights": TensorData.from_numpy(weights.astype(np.float32, copy=False)),
-    }})
+    return datum.model_copy(
+        update={
+            "loss_fn_inputs": {
+                "target_tokens": target,
+                "weights": TensorData.from_numpy(weights.astype(np.float32, copy=False)),
+            }
+        }
+    )
 
 
 def submit_custom_loss(
@@ -78,18 +86,21 @@ def submit_custom_loss(
             raise TypeError(f"data[{i}] must be a Datum, got {type(datum).__name__}")
     fwd_data = [_forward_datum(d) for d in data]
     server = client._session.server
-    ranges = chunk_ranges(fwd_data, server.fwdbwd_max_chunk_len,
-                          server.fwdbwd_max_chunk_bytes_count)
+    ranges = chunk_ranges(
+        fwd_data, server.fwdbwd_max_chunk_len, server.fwdbwd_max_chunk_bytes_count
+    )
     fwd_bodies = [
-        encode_forward_backward_request(client.model_id, None, fwd_data[a:b], "cross_entropy",
-                                        None, True)
+        encode_forward_backward_request(
+            client.model_id, None, fwd_data[a:b], "cross_entropy", None, True
+        )
         for a, b in ranges
     ]
     estimates = [sum(estimate_datum_bytes(d) for d in fwd_data[a:b]) for a, b in ranges]
     n = len(ranges)
     sdk_method = current_sdk_method.get()
-    fut: APIFuture[ForwardBackwardOutput] = APIFuture(cancellable=False,
-                                                      description="ForwardBackwardCustom")
+    fut: APIFuture[ForwardBackwardOutput] = APIFuture(
+        cancellable=False, description="ForwardBackwardCustom"
+    )
     fut._owner = client._session  # type: ignore[attr-defined]
 
     def job(ids: list[int]) -> None:
@@ -115,16 +126,22 @@ def submit_custom_loss(
             user_metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
             for lp in logprobs:
                 grad = lp.grad
-                grads.append(np.zeros(lp.shape, np.float32) if grad is None
-                             else -grad.detach().numpy().astype(np.float32))
-        except BaseException as exc:  # noqa: BLE001 - the backward ids must be filled anyway
+                grads.append(
+                    np.zeros(lp.shape, np.float32)
+                    if grad is None
+                    else -grad.detach().numpy().astype(np.float32)
+                )
+        except BaseException as exc:  # the backward ids must be filled anyway
             error = exc
-            grads = [np.zeros(d.loss_fn_inputs["target_tokens"].to_numpy().shape, np.float32)
-                     for d in fwd_data]
+            grads = [
+                np.zeros(d.loss_fn_inputs["target_tokens"].to_numpy().shape, np.float32)
+                for d in fwd_data
+            ]
         bwd_data = [_backward_datum(d, g) for d, g in zip(fwd_data, grads, strict=True)]
         bwd_bodies = [
-            encode_forward_backward_request(client.model_id, None, bwd_data[a:b],
-                                            "cross_entropy", None, False)
+            encode_forward_backward_request(
+                client.model_id, None, bwd_data[a:b], "cross_entropy", None, False
+            )
             for a, b in ranges
         ]
 
@@ -139,14 +156,17 @@ def submit_custom_loss(
             metrics_out["loss:sum"] = user_loss
             return merged.model_copy(update={"metrics": metrics_out})
 
-        target: APIFuture[ForwardBackwardOutput] = fut if error is None else APIFuture(
-            cancellable=False)
+        target: APIFuture[ForwardBackwardOutput] = (
+            fut if error is None else APIFuture(cancellable=False)
+        )
         bwd_group = _ChunkGroup(target, n, combine, "backward (custom)")
-        client._send_chunks(bwd_ids, bwd_bodies, estimates, "ForwardBackward", bwd_group,
-                            sdk_method)
+        client._send_chunks(
+            bwd_ids, bwd_bodies, estimates, "ForwardBackward", bwd_group, sdk_method
+        )
         if error is not None:
-            log.warning("custom loss failed; its backward chunks were sent with zero weights: %r",
-                        error)
+            log.warning(
+                "custom loss failed; its backward chunks were sent with zero weights: %r", error
+            )
             fut._fail(error)
 
     client._sequencer.reserve(2 * n, job, on_abandon=fut._fail)

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from tinker_sync._fork import register_after_fork
 
 log = logging.getLogger("tinker_sync.executor")
 
@@ -140,4 +141,4 @@ def _after_fork_in_child() -> None:
     _pools_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+register_after_fork(_after_fork_in_child)

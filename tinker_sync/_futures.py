@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
+from tinker_sync._fork import register_after_fork
 from tinker_sync.exceptions import ForkedProcessError
 
 T = TypeVar("T")
@@ -224,4 +225,4 @@ def _after_fork_in_child() -> None:
         )
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+register_after_fork(_after_fork_in_child)

@@ -164,7 +164,7 @@ class Poll:
                 try:
                     value = self.decode(decision)
                 except Exception as exc:
-                    err = APIResponseValidationError(
+                    err: BaseException = APIResponseValidationError(
                         f"could not decode the result of {self.request_id}: {exc}"
                     )
                     err.__cause__ = exc
@@ -190,7 +190,9 @@ class Poll:
                 if self.on_queue_state is not None:
                     self._observe(decision.queue_state, decision.queue_state_reason)
                 if self.sampling and decision.queue_state.startswith("paused"):
-                    self.session.limiter.set_backoff(1.0, f"queue {decision.queue_state}")
+                    self.session.limiter.set_backoff(
+                        1.0, f"queue {decision.queue_state}", self.session.hooks
+                    )
             delay = decision.delay
             if deadline is not None and clock.monotonic() + delay >= deadline:
                 err = TimeoutError(

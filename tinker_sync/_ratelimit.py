@@ -26,11 +26,12 @@ child (limiters hold locks that may have been held at fork time).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
+
+from tinker_sync._fork import register_after_fork
 
 log = logging.getLogger("tinker_sync.ratelimit")
 
@@ -92,7 +93,6 @@ class Limiter:
         self._sample_bytes: ByteBudget | None = None
         self._fwdbwd_bytes: ByteBudget | None = None
         self._response_bytes: ByteBudget | None = None
-        self.hooks: tuple[Callable[[str, dict[str, Any]], None], ...] = ()
 
     # ---------------------------------------------------------------- sizing
 
@@ -122,8 +122,13 @@ class Limiter:
 
     # ---------------------------------------------------------------- deadline (B13, B14)
 
-    def set_backoff(self, seconds: float, cause: str) -> float:
-        """Move the shared deadline to ``now + seconds`` unless it is already later."""
+    def set_backoff(
+        self, seconds: float, cause: str, hooks: tuple[Callable[[Any], object], ...] = ()
+    ) -> float:
+        """Move the shared deadline to ``now + seconds`` unless it is already later.
+
+        ``hooks`` (the calling client's) receive a ``backoff_set`` event when it moved.
+        """
         now = self.clock.monotonic()
         with self._lock:
             until = now + seconds
@@ -136,7 +141,16 @@ class Limiter:
             result = self.backoff_until
         if moved:
             log.info("sampling backoff for %.3f s (%s)", seconds, cause)
-            self._emit("backoff_set", {"until": result, "seconds": seconds, "cause": cause})
+            from tinker_sync._transport import emit_hook
+
+            emit_hook(
+                hooks,
+                "backoff_set",
+                limiter_key=self.key[1][:12],
+                until=result,
+                seconds=seconds,
+                cause=cause,
+            )
         return result
 
     def recently_backed_off(self) -> bool:
@@ -244,14 +258,6 @@ class Limiter:
                 "backoff_until": self.backoff_until,
             }
 
-    def _emit(self, event: str, data: dict[str, Any]) -> None:
-        payload = {"limiter_key": self.key[1][:12], **data}
-        for hook in self.hooks:
-            try:
-                hook(event, payload)
-            except Exception:
-                log.exception("hook %r failed on %s", hook, event)
-
 
 _registry: dict[tuple[str, str], Limiter] = {}
 _registry_lock = threading.Lock()
@@ -275,4 +281,4 @@ def reset_limiters() -> None:
     _registry_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=reset_limiters)
+register_after_fork(reset_limiters)

@@ -23,7 +23,7 @@ REDACTED = "<redacted>"
 _SECRET_NAME = re.compile(r"(key|token|secret|authorization|cookie|password|^cf-access-)", re.I)
 # Things that look like credentials even when we were never told about them.
 _SECRET_VALUE = re.compile(
-    r"(tml-[A-Za-z0-9_\-]{4,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]*)"
+    r"(tml-[A-Za-z0-9_\-]{20,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]*)"
 )
 
 _lock = threading.Lock()

@@ -34,7 +34,7 @@ log = logging.getLogger("tinker_sync.sequencer")
 #: A job receives its reserved seq_ids and runs inside its turn on the sender thread.
 Job = Callable[[list[int]], None]
 #: Called for each job still queued at close (so its future can fail).
-Abandon = Callable[[BaseException], None]
+Abandon = Callable[[BaseException], object]
 
 
 class Sequencer:
@@ -48,9 +48,7 @@ class Sequencer:
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._next_seq_id = first_seq_id
-        self._queue: collections.deque[tuple[list[int], Job, Abandon | None]] = (
-            collections.deque()
-        )
+        self._queue: collections.deque[tuple[list[int], Job, Abandon | None]] = collections.deque()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._pid = os.getpid()

@@ -207,7 +207,9 @@ class Session:
 
     def _start(self) -> None:
         raw = Transport(
-            self.config, auth=StaticKeyAuth(self.config.credentials), hooks=self.hooks,
+            self.config,
+            auth=StaticKeyAuth(self.config.credentials),
+            hooks=self.hooks,
             clock=self.clock,
         )
         if self._shadow:
@@ -259,8 +261,6 @@ class Session:
             fwdbwd_dispatch_bytes=self.server.fwdbwd_dispatch_bytes_semaphore_size,
             inflight_response_bytes=self.server.inflight_response_bytes_semaphore_size,
         )
-        if self.hooks:
-            limiter.hooks = tuple({*limiter.hooks, *self.hooks})
         self._limiter = limiter
 
     def _create_session(self) -> None:
@@ -277,8 +277,13 @@ class Session:
         assert self._transport is not None
         reply = send_with_retries(
             self._transport,
-            RequestSpec(method="POST", path="/api/v1/create_session", pool=Pool.SESSION,
-                        json=body, sdk_method=None),
+            RequestSpec(
+                method="POST",
+                path="/api/v1/create_session",
+                pool=Pool.SESSION,
+                json=body,
+                sdk_method=None,
+            ),
         )
         data = _json_object(reply)
         session_id = data.get("session_id")
@@ -289,8 +294,11 @@ class Session:
                 "create_session answered without a session_id", response=reply.snapshot()
             )
         self.session_id = session_id
-        for key, level in (("info_message", logging.INFO), ("warning_message", logging.WARNING),
-                           ("error_message", logging.ERROR)):
+        for key, level in (
+            ("info_message", logging.INFO),
+            ("warning_message", logging.WARNING),
+            ("error_message", logging.ERROR),
+        ):
             message = data.get(key)
             if isinstance(message, str) and message:
                 log.log(level, "%s", message)
@@ -308,8 +316,10 @@ class Session:
             sdk_method=None,
         )
         try:
-            reply = self._loop(self._transport, spec) if initial else (
-                send_with_retries(self._transport, spec, max_retries=0)
+            reply = (
+                self._loop(self._transport, spec)
+                if initial
+                else (send_with_retries(self._transport, spec, max_retries=0))
             )
         except NotFoundError:
             return DynamicConfig()
@@ -355,8 +365,9 @@ class Session:
     # ---------------------------------------------------------------- background loops
 
     def _spawn(self, role: str, target: Callable[[], None]) -> None:
-        t = threading.Thread(target=target, name=f"tinker_sync-{role}-{self.session_id or 'rest'}",
-                             daemon=True)
+        t = threading.Thread(
+            target=target, name=f"tinker_sync-{role}-{self.session_id or 'rest'}", daemon=True
+        )
         self._threads.append(t)
         t.start()
 
@@ -397,7 +408,9 @@ class Session:
                 log.warning(
                     "session %s: heartbeats have failed for %.0f s (%s); the server will end "
                     "the session if this persists",
-                    self.session_id, now - last_ok, failure,
+                    self.session_id,
+                    now - last_ok,
+                    failure,
                 )
 
     def _timer_loop(self) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import datetime as _dt
 import logging
-import os
 import platform
 import threading
 import traceback
@@ -27,6 +26,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from tinker_sync._config import PROTOCOL_VERSION, Timeout
+from tinker_sync._fork import register_after_fork
 from tinker_sync._transport import Pool, RequestSpec
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def _new_process_uuid() -> None:
     _process_uuid = str(uuid.uuid4())
 
 
-os.register_at_fork(after_in_child=_new_process_uuid)
+register_after_fork(_new_process_uuid)
 
 
 def _now() -> str:
@@ -78,8 +78,9 @@ class Telemetry:
             if len(self._queue) >= MAX_QUEUE:
                 if not self._dropped_warned:
                     self._dropped_warned = True
-                    log.warning("telemetry queue is full (%d events); dropping new events",
-                                MAX_QUEUE)
+                    log.warning(
+                        "telemetry queue is full (%d events); dropping new events", MAX_QUEUE
+                    )
                 return
             event = {
                 "event": kind,
@@ -104,14 +105,21 @@ class Telemetry:
                 return
             self._ended = True
         if user_error:
-            self.generic("user_error", {"error_type": type(exc).__name__,
-                                        "error_message": str(exc)}, "WARNING")
+            self.generic(
+                "user_error",
+                {"error_type": type(exc).__name__, "error_message": str(exc)},
+                "WARNING",
+            )
         else:
-            self._event("UNHANDLED_EXCEPTION", "ERROR", {
-                "error_type": type(exc).__name__,
-                "error_message": str(exc),
-                "traceback": "".join(traceback.format_exception(exc))[-8000:],
-            })
+            self._event(
+                "UNHANDLED_EXCEPTION",
+                "ERROR",
+                {
+                    "error_type": type(exc).__name__,
+                    "error_message": str(exc),
+                    "traceback": "".join(traceback.format_exception(exc))[-8000:],
+                },
+            )
         duration = _dt.timedelta(seconds=self.session.timer_clock.monotonic() - self._started)
         self._event("SESSION_END", "INFO", {"duration": str(duration)})
         self.flush()
@@ -145,8 +153,15 @@ class Telemetry:
             "session_id": self._session_id,
             "process_uuid": _process_uuid,
         }
-        spec = RequestSpec(method="POST", path="/api/v1/telemetry", pool=Pool.TELEMETRY,
-                           json=body, timeout=_TIMEOUT, max_retries=0, sdk_method=None)
+        spec = RequestSpec(
+            method="POST",
+            path="/api/v1/telemetry",
+            pool=Pool.TELEMETRY,
+            json=body,
+            timeout=_TIMEOUT,
+            max_retries=0,
+            sdk_method=None,
+        )
         try:
             reply = transport.send_once(spec)
             accepted = reply.status < 400 and reply.json() == {"status": "accepted"}

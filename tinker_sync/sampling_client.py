@@ -36,7 +36,7 @@ from tinker_sync._polldecide import Decision
 from tinker_sync._polling import Poll
 from tinker_sync._queuestate import QueueStateReporter
 from tinker_sync._ratelimit import LARGE_PROMPT_BYTES, Stopped
-from tinker_sync._retry import classify, parse_retry_after
+from tinker_sync._retry import parse_retry_after
 from tinker_sync._transport import Pool, RequestSpec, current_sdk_method, sdk_method_scope
 from tinker_sync._wire._converter import from_json, to_json
 from tinker_sync.exceptions import (
@@ -99,9 +99,9 @@ class RetryConfig:
         return False
 
     def delay(self, attempt: int, draw: float) -> float:
-        base = min(self.retry_delay_base * 2**attempt, self.retry_delay_max)
-        jittered = base * (1 + self.jitter_factor * (2 * draw - 1))
-        return max(0.0, min(jittered, self.retry_delay_max))
+        base = min(float(self.retry_delay_base) * 2.0**attempt, float(self.retry_delay_max))
+        jittered = base * (1.0 + float(self.jitter_factor) * (2.0 * draw - 1.0))
+        return max(0.0, min(jittered, float(self.retry_delay_max)))
 
 
 class _RetryHandler:
@@ -109,8 +109,11 @@ class _RetryHandler:
 
     def __init__(self, config: RetryConfig, server_cap: int, clock: Any) -> None:
         self.config = config
-        cap = server_cap if config.max_connections is None else min(
-            config.max_connections, server_cap)
+        cap = (
+            server_cap
+            if config.max_connections is None
+            else min(config.max_connections, server_cap)
+        )
         self.capacity = max(1, cap)
         self.clock = clock
         self._cond = threading.Condition()
@@ -155,6 +158,24 @@ def _estimate(prompt: ModelInput) -> int:
 class SamplingClient:
     """Sampler on one sampling session. Thread-safe; rebuilt after fork; see module docs."""
 
+    _service: ServiceClient | None
+    _session: Session
+    _sampler_id: str
+    _base_model: str
+    _model_path: str | None
+    _tokenizer_id: str | None
+    _retry_config: RetryConfig
+    _record_stability_info: bool
+    pickle_credentials: bool
+    _clone_id: int
+    _seq_lock: threading.Lock
+    _next_seq: int
+    _pid: int
+    _handler: _RetryHandler | None
+    _closed: bool
+    _queue_reporter: QueueStateReporter
+    _tokenizer: TinkerTokenizer | None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
             "SamplingClient is created by ServiceClient.create_sampling_client, "
@@ -178,7 +199,10 @@ class SamplingClient:
     ) -> SamplingClient:
         self = object.__new__(cls)
         self._service = service
-        self._session = session if session is not None else service._session  # type: ignore[union-attr]
+        if session is None:
+            assert service is not None
+            session = service._session
+        self._session = session
         self._sampler_id = sampler_id
         self._base_model = base_model
         self._model_path = model_path
@@ -194,10 +218,10 @@ class SamplingClient:
         self._seq_lock = threading.Lock()
         self._next_seq = clone_id * SEQ_STRIDE
         self._pid = os.getpid()
-        self._handler: _RetryHandler | None = None
+        self._handler = None
         self._closed = False
         self._queue_reporter = QueueStateReporter("sampling", self._session.clock)
-        self._tokenizer: TinkerTokenizer | None = None
+        self._tokenizer = None
         return self
 
     # ---------------------------------------------------------------- identity
@@ -244,8 +268,11 @@ class SamplingClient:
 
             parent = self._session
             self._session = Session.shadow(
-                parent.config, session_id=parent.session_id, server=parent.server,
-                dynamic=parent.dynamic, clock=parent.clock,
+                parent.config,
+                session_id=parent.session_id,
+                server=parent.server,
+                dynamic=parent.dynamic,
+                clock=parent.clock,
             )
             self._pid = os.getpid()
             self._seq_lock = threading.Lock()
@@ -263,8 +290,9 @@ class SamplingClient:
         handler = self._handler
         if handler is None:
             server = self._session.server
-            handler = _RetryHandler(self._retry_config, server.sample_max_concurrent_requests,
-                                    self._session.clock)
+            handler = _RetryHandler(
+                self._retry_config, server.sample_max_concurrent_requests, self._session.clock
+            )
             self._handler = handler
         return handler
 
@@ -285,34 +313,48 @@ class SamplingClient:
         """Generate ``num_samples`` continuations of ``prompt``; returns at once."""
         with sdk_method_scope("SamplingClient.sample"):
             body = self._sample_body(
-                prompt, num_samples, sampling_params, include_prompt_logprobs,
-                topk_prompt_logprobs, topk_sample_logprobs, target_prompt_logprobs,
-                prompt_alt_tokens_k, prompt_logprobs_last_n,
+                prompt,
+                num_samples,
+                sampling_params,
+                include_prompt_logprobs,
+                topk_prompt_logprobs,
+                topk_sample_logprobs,
+                target_prompt_logprobs,
+                prompt_alt_tokens_k,
+                prompt_logprobs_last_n,
             )
             no_retries = self._session.started and self._session.server.sample_no_retries
-            return self._submit(body, prompt, decode=self._decode_sample,
-                                retry=not no_retries,
-                                checks=(prompt_alt_tokens_k, prompt_logprobs_last_n,
-                                        prompt.length))
+            return self._submit(
+                body,
+                prompt,
+                decode=self._decode_sample,
+                retry=not no_retries,
+                checks=(prompt_alt_tokens_k, prompt_logprobs_last_n, prompt.length),
+            )
 
     def compute_logprobs(
         self, prompt: ModelInput, prompt_logprobs_last_n: int | None = None
     ) -> APIFuture[list[float | None]]:
         """Per-token prompt logprobs (entry 0 is None)."""
         with sdk_method_scope("SamplingClient.compute_logprobs"):
-            body = self._sample_body(prompt, 1, SamplingParams(max_tokens=1), True, 0, 0, None,
-                                     0, prompt_logprobs_last_n)
+            body = self._sample_body(
+                prompt, 1, SamplingParams(max_tokens=1), True, 0, 0, None, 0, prompt_logprobs_last_n
+            )
 
-            def decode(decision: Decision, sequence_ids: list[str] | None
-                       ) -> list[float | None]:
+            def decode(decision: Decision, sequence_ids: list[str] | None) -> list[float | None]:
                 response = self._decode_sample(decision, sequence_ids)
                 values = response.prompt_logprobs
                 if values is None:
                     raise RuntimeError("the server ignored prompt_logprobs=true")
                 return list(values)
 
-            return self._submit(body, prompt, decode=decode, retry=True,
-                                checks=(0, prompt_logprobs_last_n, prompt.length))
+            return self._submit(
+                body,
+                prompt,
+                decode=decode,
+                retry=True,
+                checks=(0, prompt_logprobs_last_n, prompt.length),
+            )
 
     def _sample_body(
         self,
@@ -358,8 +400,11 @@ class SamplingClient:
             if not isinstance(target_prompt_logprobs, TensorData):
                 raise TypeError("target_prompt_logprobs must be a TensorData")
             shape = target_prompt_logprobs.shape
-            if target_prompt_logprobs.dtype != "int64" or shape is None or len(shape) != 2 or (
-                shape[0] != prompt.length - 1
+            if (
+                target_prompt_logprobs.dtype != "int64"
+                or shape is None
+                or len(shape) != 2
+                or (shape[0] != prompt.length - 1)
             ):
                 raise ValueError(
                     "target_prompt_logprobs must be an int64 2-D tensor of shape "
@@ -378,8 +423,15 @@ class SamplingClient:
             return decode_sample_response(decision.body, sequence_ids)
         return sample_response_from_json(decision.body, sequence_ids)
 
-    def _submit(self, body: dict[str, Any], prompt: ModelInput, *, decode: Any, retry: bool,
-                checks: tuple[int, int | None, int]) -> APIFuture[Any]:
+    def _submit(
+        self,
+        body: dict[str, Any],
+        prompt: ModelInput,
+        *,
+        decode: Any,
+        retry: bool,
+        checks: tuple[int, int | None, int],
+    ) -> APIFuture[Any]:
         if self._closed:
             raise ClientClosedError("this SamplingClient was closed")
         self._session.check_open()
@@ -464,9 +516,18 @@ BackcompatSamplingClientFuture = SamplingClient
 class _SampleJob:
     """One ``sample()`` call: retries (B15) around dispatch (B12, B13) and polling."""
 
-    def __init__(self, client: SamplingClient, body: dict[str, Any], estimate: int, decode: Any,
-                 fut: APIFuture[Any], sdk_method: str | None, retry: bool,
-                 checks: tuple[int, int | None, int], limiter_ref: list[Any]) -> None:
+    def __init__(
+        self,
+        client: SamplingClient,
+        body: dict[str, Any],
+        estimate: int,
+        decode: Any,
+        fut: APIFuture[Any],
+        sdk_method: str | None,
+        retry: bool,
+        checks: tuple[int, int | None, int],
+        limiter_ref: list[Any],
+    ) -> None:
         self.client = client
         self.session = client._session
         self.body = body
@@ -516,8 +577,13 @@ class _SampleJob:
             if handler is not None:
                 handler.release()
             return
-        if error is not None and self.retry and self.client._retry_config.enable_retry_logic \
-                and self.client._retry_config.is_retryable(error) and not self.fut.done():
+        if (
+            error is not None
+            and self.retry
+            and self.client._retry_config.enable_retry_logic
+            and self.client._retry_config.is_retryable(error)
+            and not self.fut.done()
+        ):
             assert handler is not None
             if handler.stuck():
                 stuck = SamplingStuckError(
@@ -530,8 +596,9 @@ class _SampleJob:
                 return
             delay = self.client._retry_config.delay(self.attempt, self.session.clock.random())
             self.attempt += 1
-            log.debug("retrying sample on %s in %.3f s after %r", self.client._sampler_id,
-                      delay, error)
+            log.debug(
+                "retrying sample on %s in %.3f s after %r", self.client._sampler_id, delay, error
+            )
             pool("sample-submit").submit(self._retry_after, delay)
             return
         if handler is not None:
@@ -555,9 +622,15 @@ class _SampleJob:
             return
         seq_id = self.client._take_seq_id()
         body = dict(self.body, seq_id=seq_id)
-        spec = RequestSpec(method="POST", path="/api/v1/asample", pool=Pool.SAMPLE, json=body,
-                           headers={"X-Tinker-Sampling-Backpressure": "1"}, max_retries=0,
-                           sdk_method=self.sdk_method)
+        spec = RequestSpec(
+            method="POST",
+            path="/api/v1/asample",
+            pool=Pool.SAMPLE,
+            json=body,
+            headers={"X-Tinker-Sampling-Backpressure": "1"},
+            max_retries=0,
+            sdk_method=self.sdk_method,
+        )
         created_at = self.session.clock.monotonic()
         try:
             accepted = self._dispatch(spec)
@@ -583,10 +656,18 @@ class _SampleJob:
                 _check_features(value, alt_k, last_n, prompt_len)
             return value
 
-        poll = Poll(self.session, accepted.request_id, "Sample", decode=decode,
-                    on_done=self.finish, created_at=created_at, sdk_method=self.sdk_method,
-                    is_cancelled=self.fut.cancelled,
-                    on_queue_state=self.client.on_queue_state_change, sampling=True)
+        poll = Poll(
+            self.session,
+            accepted.request_id,
+            "Sample",
+            decode=decode,
+            on_done=self.finish,
+            created_at=created_at,
+            sdk_method=self.sdk_method,
+            is_cancelled=self.fut.cancelled,
+            on_queue_state=self.client.on_queue_state_change,
+            sampling=True,
+        )
         pool("sample-poll").submit(poll.run)
 
     def _dispatch(self, spec: RequestSpec) -> UntypedAPIFuture:
@@ -606,13 +687,14 @@ class _SampleJob:
                     retry_after = parse_retry_after(exc.response.headers, session.clock.time())
                     if retry_after is None:
                         retry_after = 5.0 if self.estimate > LARGE_PROMPT_BYTES else 1.0
-                    limiter.set_backoff(retry_after, "429 on asample")
+                    limiter.set_backoff(retry_after, "429 on asample", session.hooks)
                     continue
                 return from_json(UntypedAPIFuture, reply.json())
 
         with limiter.dispatch(self.estimate, self.stop_reason):
-            return submission_loop(send, clock=session.clock, billing=session.billing,
-                                   hooks=session.hooks)
+            return submission_loop(
+                send, clock=session.clock, billing=session.billing, hooks=session.hooks
+            )
 
 
 class _Cancelled(Exception):
@@ -626,8 +708,9 @@ def _check_int(name: str, value: object, *, minimum: int) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
-def _check_features(response: SampleResponse, alt_k: int, last_n: int | None,
-                    prompt_len: int) -> None:
+def _check_features(
+    response: SampleResponse, alt_k: int, last_n: int | None, prompt_len: int
+) -> None:
     """Fail loudly when the server silently ignored a newer sampling option (B16)."""
     if alt_k > 0 and response.prompt_alt_tokens is None:
         raise RuntimeError("the server ignored prompt_alt_tokens_k (no prompt_alt_tokens)")
@@ -665,4 +748,3 @@ def _restore_sampling_client(state: dict[str, Any]) -> SamplingClient:
         clone_id=clone_id,
         pickle_credentials=holder.get("api_key") is not None,
     )
-

@@ -161,9 +161,16 @@ class ServiceClient:
             if not isinstance(base_model, str) or not base_model:
                 raise ValueError("base_model must be a non-empty str")
             if not (train_mlp or train_attn or train_unembed):
-                raise ValueError("at least one of train_mlp, train_attn, train_unembed must be True")
-            lora = LoraConfig(rank=rank, seed=seed, train_unembed=train_unembed,
-                              train_mlp=train_mlp, train_attn=train_attn)
+                raise ValueError(
+                    "at least one of train_mlp, train_attn, train_unembed must be True"
+                )
+            lora = LoraConfig(
+                rank=rank,
+                seed=seed,
+                train_unembed=train_unembed,
+                train_mlp=train_mlp,
+                train_attn=train_attn,
+            )
             optimizer = optimizer if optimizer is not None else AdamOptimizerConfig()
             session = self._started_session()
             model_seq = session.next_counter("model")
@@ -178,8 +185,7 @@ class ServiceClient:
             if user_metadata is not None:
                 body["user_metadata"] = dict(user_metadata)
             created = self._submit_and_wait(
-                RequestSpec(method="POST", path="/api/v1/create_model", pool=Pool.TRAIN,
-                            json=body),
+                RequestSpec(method="POST", path="/api/v1/create_model", pool=Pool.TRAIN, json=body),
                 "CreateModel",
                 lambda d: from_json(CreateModelResponse, d.body),
                 loop=False,
@@ -194,16 +200,23 @@ class ServiceClient:
 
     def _get_info(self, model_id: str) -> GetInfoResponse:
         reply = self._session.request(
-            RequestSpec(method="POST", path="/api/v1/get_info", pool=Pool.TRAIN,
-                        json={"model_id": model_id, "type": "get_info"})
+            RequestSpec(
+                method="POST",
+                path="/api/v1/get_info",
+                pool=Pool.TRAIN,
+                json={"model_id": model_id, "type": "get_info"},
+            )
         )
         info = from_json(GetInfoResponse, reply.json())
         tokenizer_id = info.model_data.tokenizer_id
         if tokenizer_id and ":" in tokenizer_id:
-            info = info.model_copy(update={
-                "model_data": info.model_data.model_copy(
-                    update={"tokenizer_id": tokenizer_id.split(":", 1)[0]})
-            })
+            info = info.model_copy(
+                update={
+                    "model_data": info.model_data.model_copy(
+                        update={"tokenizer_id": tokenizer_id.split(":", 1)[0]}
+                    )
+                }
+            )
         return info
 
     def create_training_client_from_state(
@@ -216,8 +229,9 @@ class ServiceClient:
     ) -> TrainingClient:
         """A new run initialised from checkpoint weights; the optimizer starts fresh."""
         with sdk_method_scope("ServiceClient.create_training_client_from_state"):
-            return self._from_state(path, False, base_model, user_metadata,
-                                    weights_access_token, optimizer)
+            return self._from_state(
+                path, False, base_model, user_metadata, weights_access_token, optimizer
+            )
 
     def create_training_client_from_state_with_optimizer(
         self,
@@ -228,8 +242,9 @@ class ServiceClient:
     ) -> TrainingClient:
         """A new run restored from a checkpoint, optimizer state included: how to resume."""
         with sdk_method_scope("ServiceClient.create_training_client_from_state_with_optimizer"):
-            return self._from_state(path, True, base_model, user_metadata,
-                                    weights_access_token, None)
+            return self._from_state(
+                path, True, base_model, user_metadata, weights_access_token, None
+            )
 
     def _from_state(
         self,
@@ -262,21 +277,28 @@ class ServiceClient:
                 body["weights_access_token"] = weights_access_token
             try:
                 loaded = self._submit_and_wait(
-                    RequestSpec(method="POST", path="/api/v1/load_weights", pool=Pool.TRAIN,
-                                json=body),
+                    RequestSpec(
+                        method="POST", path="/api/v1/load_weights", pool=Pool.TRAIN, json=body
+                    ),
                     "LoadWeights",
                     lambda d: from_json(LoadWeightsResponse, d.body),
                 )
             except (NotFoundError, UnprocessableEntityError) as exc:
+                if not _rejects_request_shape(exc):
+                    raise
                 with _legacy_lock:
                     _legacy_load_servers.add(server_key)
-                log.info("server rejected create-via-load (%s); using the older "
-                         "weights_info -> create_model -> load_weights flow", exc.status_code)
+                log.info(
+                    "server rejected create-via-load (%s); using the older "
+                    "weights_info -> create_model -> load_weights flow",
+                    exc.status_code,
+                )
             else:
                 model_id = loaded.model_id or f"{session.session_id}:train:{model_seq}"
                 return self._training_client(model_id)
-        return self._from_state_legacy(path, with_optimizer, base_model, user_metadata,
-                                       weights_access_token, optimizer)
+        return self._from_state_legacy(
+            path, with_optimizer, base_model, user_metadata, weights_access_token, optimizer
+        )
 
     def _from_state_legacy(
         self,
@@ -334,8 +356,12 @@ class ServiceClient:
             if model_path is not None:
                 body["model_path"] = model_path
             reply = session.request(
-                RequestSpec(method="POST", path="/api/v1/create_sampling_session",
-                            pool=Pool.SESSION, json=body),
+                RequestSpec(
+                    method="POST",
+                    path="/api/v1/create_sampling_session",
+                    pool=Pool.SESSION,
+                    json=body,
+                ),
                 loop=False,
             )
             data = reply.json()
@@ -364,8 +390,9 @@ class ServiceClient:
 
     def _get_sampler(self, sampler_id: str) -> GetSamplerResponse:
         reply = self._session.request(
-            RequestSpec(method="GET", path=f"/api/v1/samplers/{quote_path(sampler_id)}",
-                        pool=Pool.TRAIN)
+            RequestSpec(
+                method="GET", path=f"/api/v1/samplers/{quote_path(sampler_id)}", pool=Pool.TRAIN
+            )
         )
         return from_json(GetSamplerResponse, reply.json())
 
@@ -381,8 +408,7 @@ class ServiceClient:
         from tinker_sync.rest_client import RestClient
 
         if self._rest is None:
-            self._rest = RestClient._from_config(self._config, hooks=self._hooks,
-                                                 clock=self._clock)
+            self._rest = RestClient._from_config(self._config, hooks=self._hooks, clock=self._clock)
         return self._rest
 
     def copy_weights(
@@ -395,7 +421,9 @@ class ServiceClient:
         """Server-side copy of a checkpoint into this client's project."""
         with sdk_method_scope("ServiceClient.copy_weights"):
             return self.create_rest_client().copy_weights(
-                path, self._config.project_id, ttl_seconds=ttl_seconds,
+                path,
+                self._config.project_id,
+                ttl_seconds=ttl_seconds,
                 weights_access_token=weights_access_token,
             )
 
@@ -462,14 +490,14 @@ class ServiceClient:
 
     # ---------------------------------------------------------------- async aliases
 
-    async def create_lora_training_client_async(self, *args: Any, **kwargs: Any
-                                                ) -> TrainingClient:
+    async def create_lora_training_client_async(self, *args: Any, **kwargs: Any) -> TrainingClient:
         from tinker_sync._asyncio import run_blocking
 
         return await run_blocking(self.create_lora_training_client, *args, **kwargs)
 
-    async def create_training_client_from_state_async(self, *args: Any, **kwargs: Any
-                                                      ) -> TrainingClient:
+    async def create_training_client_from_state_async(
+        self, *args: Any, **kwargs: Any
+    ) -> TrainingClient:
         from tinker_sync._asyncio import run_blocking
 
         return await run_blocking(self.create_training_client_from_state, *args, **kwargs)
@@ -519,10 +547,31 @@ class ServiceClient:
         def done(value: Any, error: BaseException | None) -> None:
             outcome[0], outcome[1] = value, error
 
-        Poll(session, request_id, request_type, decode=decode, on_done=done,
-             created_at=created_at, sdk_method=spec.sdk_method,
-             on_queue_state=self._training_queue_observer).run()
+        Poll(
+            session,
+            request_id,
+            request_type,
+            decode=decode,
+            on_done=done,
+            created_at=created_at,
+            sdk_method=spec.sdk_method,
+            on_queue_state=self._training_queue_observer,
+        ).run()
         if outcome[1] is not None:
             raise outcome[1]
         return outcome[0]
 
+
+def _rejects_request_shape(exc: NotFoundError | UnprocessableEntityError) -> bool:
+    """True when a create-via-load was refused for its shape, not for a missing resource (B64).
+
+    A 422 always means the server does not understand the request; a 404 only when it is
+    about the route itself (an older server without the endpoint), not a missing checkpoint.
+    """
+    if isinstance(exc, UnprocessableEntityError):
+        return True
+    try:
+        detail = exc.response.json().get("detail")
+    except Exception:
+        detail = None
+    return detail in (None, "Not Found") or "endpoint" in str(detail).lower()

@@ -19,6 +19,7 @@ ForkedProcessError in a forked child (the parent owns the model's seq_ids).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import warnings
@@ -111,8 +112,9 @@ class _ChunkGroup:
     Completion happens in done-callbacks plus a countdown; no worker ever blocks on a sibling.
     """
 
-    def __init__(self, future: APIFuture[Any], n: int, combine: Callable[[list[Any]], Any],
-                 what: str) -> None:
+    def __init__(
+        self, future: APIFuture[Any], n: int, combine: Callable[[list[Any]], Any], what: str
+    ) -> None:
         self.future = future
         self.n = n
         self.combine = combine
@@ -127,7 +129,9 @@ class _ChunkGroup:
         with self._lock:
             self._pending = count
 
-    def send_failed(self, index: int, exc: BaseException, accepted: list[int], seq_ids: list[int]) -> None:
+    def send_failed(
+        self, index: int, exc: BaseException, accepted: list[int], seq_ids: list[int]
+    ) -> None:
         note = (
             f"{self.what}: chunk {index + 1}/{self.n} (seq_id {seq_ids[index]}) failed to send; "
             f"chunks accepted by the server: {[i + 1 for i in accepted] or 'none'}"
@@ -255,8 +259,14 @@ class TrainingClient:
 
         def job(ids: list[int]) -> None:
             created_at = self._session.clock.monotonic()
-            spec = RequestSpec(method="POST", path=path, pool=Pool.TRAIN, json=body(ids[0]),
-                               sdk_method=sdk_method, max_retries=max_retries)
+            spec = RequestSpec(
+                method="POST",
+                path=path,
+                pool=Pool.TRAIN,
+                json=body(ids[0]),
+                sdk_method=sdk_method,
+                max_retries=max_retries,
+            )
             try:
                 request_id = self._submit(spec)
             except BaseException as exc:
@@ -321,8 +331,10 @@ class TrainingClient:
             if not isinstance(loss_fn_config, Mapping):
                 raise TypeError("loss_fn_config must be a mapping of str to float or str")
             for key, value in loss_fn_config.items():
-                if not isinstance(key, str) or isinstance(value, bool) or not isinstance(
-                    value, (int, float, str)
+                if (
+                    not isinstance(key, str)
+                    or isinstance(value, bool)
+                    or not isinstance(value, (int, float, str))
                 ):
                     raise TypeError(
                         f"loss_fn_config[{key!r}] must be a float or str, got "
@@ -357,8 +369,12 @@ class TrainingClient:
         fut._owner = self._session  # type: ignore[attr-defined]
         from tinker_sync._wire._metrics import combine_forward_backward_outputs
 
-        group = _ChunkGroup(fut, len(bodies), combine_forward_backward_outputs,
-                            "forward" if forward_only else "forward_backward")
+        group = _ChunkGroup(
+            fut,
+            len(bodies),
+            combine_forward_backward_outputs,
+            "forward" if forward_only else "forward_backward",
+        )
 
         def job(ids: list[int]) -> None:
             self._send_chunks(ids, bodies, estimates, kind, group, sdk_method)
@@ -432,13 +448,17 @@ class TrainingClient:
             first = min(failures)
             group.send_failed(first, failures[first], accepted, ids)
         group.expect(len(accepted))
-        decode = _decode_fwdbwd
         for i in accepted:
             rid = request_ids[i]
             assert rid is not None
-            self._poll(rid, kind, decode,
-                       lambda value, error, i=i: group.chunk_done(i, value, error),
-                       sdk_method, created_at)
+            self._poll(
+                rid,
+                kind,
+                _decode_fwdbwd,
+                functools.partial(group.chunk_done, i),
+                sdk_method,
+                created_at,
+            )
 
     # ---------------------------------------------------------------- custom loss (B9)
 
@@ -464,8 +484,11 @@ class TrainingClient:
                     raise ValueError(
                         f"loss_type_input must be 'logprobs' or None, got {loss_type_input!r}"
                     )
-                warnings.warn("loss_type_input is deprecated and has no effect",
-                              DeprecationWarning, stacklevel=2)
+                warnings.warn(
+                    "loss_type_input is deprecated and has no effect",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
             fn = loss_fn.fn if isinstance(loss_fn, LossHandle) else loss_fn
             if not callable(fn):
                 raise TypeError("loss_fn must be a callable or a LossHandle")
@@ -494,11 +517,20 @@ class TrainingClient:
             params_json = to_json(params)
 
             def body(seq_id: int) -> dict[str, Any]:
-                return {"model_id": self.model_id, "seq_id": seq_id, "type": "optim_step",
-                        key: params_json}
+                return {
+                    "model_id": self.model_id,
+                    "seq_id": seq_id,
+                    "type": "optim_step",
+                    key: params_json,
+                }
 
-            return self._single_op("TrainingClient.optim_step", "OptimStep",
-                                   "/api/v1/optim_step", body, _decode_as(OptimStepResponse))
+            return self._single_op(
+                "TrainingClient.optim_step",
+                "OptimStep",
+                "/api/v1/optim_step",
+                body,
+                _decode_as(OptimStepResponse),
+            )
 
     def save_state(
         self,
@@ -515,46 +547,66 @@ class TrainingClient:
                 raise TypeError("overwrite must be a bool")
 
             def body(seq_id: int) -> dict[str, Any]:
-                out: dict[str, Any] = {"model_id": self.model_id, "path": name, "seq_id": seq_id,
-                                       "overwrite": overwrite, "type": "save_weights"}
+                out: dict[str, Any] = {
+                    "model_id": self.model_id,
+                    "path": name,
+                    "seq_id": seq_id,
+                    "overwrite": overwrite,
+                    "type": "save_weights",
+                }
                 if ttl_seconds is not None:
                     out["ttl_seconds"] = ttl_seconds
                 if user_metadata is not None:
                     out["user_metadata"] = dict(user_metadata)
                 return out
 
-            return self._single_op("TrainingClient.save_state", "SaveWeights",
-                                   "/api/v1/save_weights", body,
-                                   _decode_as(SaveWeightsResponse), max_retries=0)
+            return self._single_op(
+                "TrainingClient.save_state",
+                "SaveWeights",
+                "/api/v1/save_weights",
+                body,
+                _decode_as(SaveWeightsResponse),
+                max_retries=0,
+            )
 
-    def _load(self, path: str, optimizer: bool, weights_access_token: str | None,
-              method: str) -> APIFuture[LoadWeightsResponse]:
+    def _load(
+        self, path: str, optimizer: bool, weights_access_token: str | None, method: str
+    ) -> APIFuture[LoadWeightsResponse]:
         from tinker_sync.types import ParsedCheckpointTinkerPath
 
         ParsedCheckpointTinkerPath.from_tinker_path(path)
 
         def body(seq_id: int) -> dict[str, Any]:
-            out: dict[str, Any] = {"model_id": self.model_id, "seq_id": seq_id, "path": path,
-                                   "optimizer": optimizer, "type": "load_weights"}
+            out: dict[str, Any] = {
+                "model_id": self.model_id,
+                "seq_id": seq_id,
+                "path": path,
+                "optimizer": optimizer,
+                "type": "load_weights",
+            }
             if weights_access_token is not None:
                 out["weights_access_token"] = weights_access_token
             return out
 
-        return self._single_op(method, "LoadWeights", "/api/v1/load_weights", body,
-                               _decode_as(LoadWeightsResponse))
+        return self._single_op(
+            method, "LoadWeights", "/api/v1/load_weights", body, _decode_as(LoadWeightsResponse)
+        )
 
-    def load_state(self, path: str, weights_access_token: str | None = None
-                   ) -> APIFuture[LoadWeightsResponse]:
+    def load_state(
+        self, path: str, weights_access_token: str | None = None
+    ) -> APIFuture[LoadWeightsResponse]:
         """Legacy in-place load of weights (prefer ``create_training_client_from_state``)."""
         with sdk_method_scope("TrainingClient.load_state"):
             return self._load(path, False, weights_access_token, "TrainingClient.load_state")
 
-    def load_state_with_optimizer(self, path: str, weights_access_token: str | None = None
-                                  ) -> APIFuture[LoadWeightsResponse]:
+    def load_state_with_optimizer(
+        self, path: str, weights_access_token: str | None = None
+    ) -> APIFuture[LoadWeightsResponse]:
         """Legacy in-place load of weights and optimizer state."""
         with sdk_method_scope("TrainingClient.load_state_with_optimizer"):
-            return self._load(path, True, weights_access_token,
-                              "TrainingClient.load_state_with_optimizer")
+            return self._load(
+                path, True, weights_access_token, "TrainingClient.load_state_with_optimizer"
+            )
 
     def save_weights_for_sampler(
         self,
@@ -568,18 +620,27 @@ class TrainingClient:
             _check_ttl(ttl_seconds)
 
             def body(seq_id: int) -> dict[str, Any]:
-                out: dict[str, Any] = {"model_id": self.model_id, "path": name,
-                                       "kind": "snapshot", "seq_id": seq_id,
-                                       "type": "save_weights_for_sampler"}
+                out: dict[str, Any] = {
+                    "model_id": self.model_id,
+                    "path": name,
+                    "kind": "snapshot",
+                    "seq_id": seq_id,
+                    "type": "save_weights_for_sampler",
+                }
                 if ttl_seconds is not None:
                     out["ttl_seconds"] = ttl_seconds
                 if user_metadata is not None:
                     out["user_metadata"] = dict(user_metadata)
                 return out
 
-            return self._single_op("TrainingClient.save_weights_for_sampler",
-                                   "SaveWeightsForSampler", "/api/v1/save_weights_for_sampler",
-                                   body, _decode_as(SaveWeightsForSamplerResponse), max_retries=0)
+            return self._single_op(
+                "TrainingClient.save_weights_for_sampler",
+                "SaveWeightsForSampler",
+                "/api/v1/save_weights_for_sampler",
+                body,
+                _decode_as(SaveWeightsForSamplerResponse),
+                max_retries=0,
+            )
 
     def save_weights_external(
         self,
@@ -598,17 +659,26 @@ class TrainingClient:
                 raise TypeError("age_encryption_recipients must be a list of str")
 
             def body(seq_id: int) -> dict[str, Any]:
-                out: dict[str, Any] = {"model_id": self.model_id, "path": name,
-                                       "seq_id": seq_id, "type": "save_weights_external"}
+                out: dict[str, Any] = {
+                    "model_id": self.model_id,
+                    "path": name,
+                    "seq_id": seq_id,
+                    "type": "save_weights_external",
+                }
                 if ttl_seconds is not None:
                     out["ttl_seconds"] = ttl_seconds
                 if age_encryption_recipients is not None:
                     out["age_encryption_recipients"] = list(age_encryption_recipients)
                 return out
 
-            return self._single_op("TrainingClient.save_weights_external",
-                                   "SaveWeightsExternal", "/api/v1/save_weights_external", body,
-                                   _decode_as(SaveWeightsExternalResponse), max_retries=0)
+            return self._single_op(
+                "TrainingClient.save_weights_external",
+                "SaveWeightsExternal",
+                "/api/v1/save_weights_external",
+                body,
+                _decode_as(SaveWeightsExternalResponse),
+                max_retries=0,
+            )
 
     def save_weights_and_get_sampling_client(
         self,
@@ -620,21 +690,33 @@ class TrainingClient:
         """Save ephemeral sampler weights (ordered like any op) and return a sampler on them."""
         with sdk_method_scope("TrainingClient.save_weights_and_get_sampling_client"):
             if name is not None:
-                warnings.warn("name has no effect in save_weights_and_get_sampling_client",
-                              DeprecationWarning, stacklevel=2)
+                warnings.warn(
+                    "name has no effect in save_weights_and_get_sampling_client",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
             if kind not in ("snapshot", "inflight"):
                 raise ValueError(f"kind must be 'snapshot' or 'inflight', got {kind!r}")
             self._check_usable()
             sampling_seq = self._session.next_counter("sampling")
 
             def body(seq_id: int) -> dict[str, Any]:
-                return {"model_id": self.model_id, "kind": kind, "seq_id": seq_id,
-                        "sampling_session_seq_id": sampling_seq,
-                        "type": "save_weights_for_sampler"}
+                return {
+                    "model_id": self.model_id,
+                    "kind": kind,
+                    "seq_id": seq_id,
+                    "sampling_session_seq_id": sampling_seq,
+                    "type": "save_weights_for_sampler",
+                }
 
-            fut = self._single_op("TrainingClient.save_weights_and_get_sampling_client",
-                                  "SaveWeightsForSampler", "/api/v1/save_weights_for_sampler",
-                                  body, _decode_as(SaveWeightsForSamplerResponse), max_retries=0)
+            fut = self._single_op(
+                "TrainingClient.save_weights_and_get_sampling_client",
+                "SaveWeightsForSampler",
+                "/api/v1/save_weights_for_sampler",
+                body,
+                _decode_as(SaveWeightsForSamplerResponse),
+                max_retries=0,
+            )
             response = fut.result()
             sampler_id = response.sampling_session_id
             if not sampler_id:
@@ -664,76 +746,106 @@ class TrainingClient:
     ) -> SamplingClient:
         """A sampler on saved weights, in this client's session."""
         return self._service.create_sampling_client(
-            model_path=model_path, retry_config=retry_config,
+            model_path=model_path,
+            retry_config=retry_config,
             record_stability_info=record_stability_info,
         )
 
     # ---------------------------------------------------------------- async aliases (B17)
 
-    async def forward_async(self, data: list[Datum], loss_fn: str,
-                            loss_fn_config: Mapping[str, float | str] | None = None
-                            ) -> APIFuture[ForwardBackwardOutput]:
+    async def forward_async(
+        self,
+        data: list[Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> APIFuture[ForwardBackwardOutput]:
         return self.forward(data, loss_fn, loss_fn_config)
 
-    async def forward_backward_async(self, data: list[Datum], loss_fn: str,
-                                     loss_fn_config: Mapping[str, float | str] | None = None
-                                     ) -> APIFuture[ForwardBackwardOutput]:
+    async def forward_backward_async(
+        self,
+        data: list[Datum],
+        loss_fn: str,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> APIFuture[ForwardBackwardOutput]:
         return self.forward_backward(data, loss_fn, loss_fn_config)
 
-    async def forward_backward_custom_async(self, data: list[Datum],
-                                            loss_fn: PerDatumLossFn | LossHandle, *,
-                                            loss_type_input: Literal["logprobs"] | None = None
-                                            ) -> APIFuture[ForwardBackwardOutput]:
+    async def forward_backward_custom_async(
+        self,
+        data: list[Datum],
+        loss_fn: PerDatumLossFn | LossHandle,
+        *,
+        loss_type_input: Literal["logprobs"] | None = None,
+    ) -> APIFuture[ForwardBackwardOutput]:
         return self.forward_backward_custom(data, loss_fn, loss_type_input=loss_type_input)
 
-    async def optim_step_async(self, optim_params: AdamParams | DimuonParams | None = None, *,
-                               adam_params: AdamParams | None = None
-                               ) -> APIFuture[OptimStepResponse]:
+    async def optim_step_async(
+        self,
+        optim_params: AdamParams | DimuonParams | None = None,
+        *,
+        adam_params: AdamParams | None = None,
+    ) -> APIFuture[OptimStepResponse]:
         return self.optim_step(optim_params, adam_params=adam_params)
 
-    async def save_state_async(self, name: str, ttl_seconds: int | None = None,
-                               overwrite: bool = False,
-                               user_metadata: dict[str, str] | None = None
-                               ) -> APIFuture[SaveWeightsResponse]:
+    async def save_state_async(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
+    ) -> APIFuture[SaveWeightsResponse]:
         return self.save_state(name, ttl_seconds, overwrite, user_metadata)
 
-    async def load_state_async(self, path: str, weights_access_token: str | None = None
-                               ) -> APIFuture[LoadWeightsResponse]:
+    async def load_state_async(
+        self, path: str, weights_access_token: str | None = None
+    ) -> APIFuture[LoadWeightsResponse]:
         return self.load_state(path, weights_access_token)
 
-    async def load_state_with_optimizer_async(self, path: str,
-                                              weights_access_token: str | None = None
-                                              ) -> APIFuture[LoadWeightsResponse]:
+    async def load_state_with_optimizer_async(
+        self, path: str, weights_access_token: str | None = None
+    ) -> APIFuture[LoadWeightsResponse]:
         return self.load_state_with_optimizer(path, weights_access_token)
 
-    async def save_weights_for_sampler_async(self, name: str, ttl_seconds: int | None = None,
-                                             user_metadata: dict[str, str] | None = None
-                                             ) -> APIFuture[SaveWeightsForSamplerResponse]:
+    async def save_weights_for_sampler_async(
+        self, name: str, ttl_seconds: int | None = None, user_metadata: dict[str, str] | None = None
+    ) -> APIFuture[SaveWeightsForSamplerResponse]:
         return self.save_weights_for_sampler(name, ttl_seconds, user_metadata)
 
-    async def save_weights_external_async(self, name: str, ttl_seconds: int | None = None,
-                                          age_encryption_recipients: list[str] | None = None
-                                          ) -> APIFuture[SaveWeightsExternalResponse]:
+    async def save_weights_external_async(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        age_encryption_recipients: list[str] | None = None,
+    ) -> APIFuture[SaveWeightsExternalResponse]:
         return self.save_weights_external(name, ttl_seconds, age_encryption_recipients)
 
     async def save_weights_and_get_sampling_client_async(
-        self, name: str | None = None, retry_config: RetryConfig | None = None,
+        self,
+        name: str | None = None,
+        retry_config: RetryConfig | None = None,
         record_stability_info: bool = False,
         kind: Literal["snapshot", "inflight"] = "snapshot",
     ) -> SamplingClient:
         from tinker_sync._asyncio import run_blocking
 
-        return await run_blocking(self.save_weights_and_get_sampling_client, name,
-                                  retry_config, record_stability_info, kind)
+        return await run_blocking(
+            self.save_weights_and_get_sampling_client,
+            name,
+            retry_config,
+            record_stability_info,
+            kind,
+        )
 
-    async def create_sampling_client_async(self, model_path: str,
-                                           retry_config: RetryConfig | None = None,
-                                           record_stability_info: bool = False
-                                           ) -> SamplingClient:
+    async def create_sampling_client_async(
+        self,
+        model_path: str,
+        retry_config: RetryConfig | None = None,
+        record_stability_info: bool = False,
+    ) -> SamplingClient:
         from tinker_sync._asyncio import run_blocking
 
-        return await run_blocking(self.create_sampling_client, model_path, retry_config,
-                                  record_stability_info)
+        return await run_blocking(
+            self.create_sampling_client, model_path, retry_config, record_stability_info
+        )
 
 
 BackcompatTrainingClientFuture = TrainingClient

@@ -47,12 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT,
-                        help="a question in the style of the training data")
+    parser.add_argument(
+        "--prompt", default=DEFAULT_PROMPT, help="a question in the style of the training data"
+    )
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--base-url", default=None,
-                        help="use a running server instead of an embedded one")
+    parser.add_argument(
+        "--base-url", default=None, help="use a running server instead of an embedded one"
+    )
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON summary")
 
@@ -78,10 +80,12 @@ def build_data(tokenizer: Any) -> list[Any]:
         completion = tokenizer.encode(f" {answer}\n", add_special_tokens=False)
         tokens = prompt + completion
         weights = [0.0] * (len(prompt) - 1) + [1.0] * len(completion)
-        data.append(types.Datum(
-            model_input=types.ModelInput.from_ints(tokens[:-1]),
-            loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
-        ))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
+            )
+        )
     return data
 
 
@@ -100,8 +104,9 @@ def run(args: argparse.Namespace) -> int:
         timings["server_start_s"] = time.perf_counter() - t0
         with tinker_sync.ServiceClient(base_url=url, api_key=api_key) as service:
             t = time.perf_counter()
-            training = service.create_lora_training_client("tinker-sync/tiny", rank=args.rank,
-                                                           seed=args.seed)
+            training = service.create_lora_training_client(
+                "tinker-sync/tiny", rank=args.rank, seed=args.seed
+            )
             tokenizer = training.get_tokenizer()
             data = build_data(tokenizer)
             timings["create_s"] = time.perf_counter() - t
@@ -120,8 +125,10 @@ def run(args: argparse.Namespace) -> int:
             for step in range(args.steps):
                 nxt = None
                 if step + 1 < args.steps:
-                    nxt = (training.forward_backward(data, "cross_entropy"),
-                           training.optim_step(adam))
+                    nxt = (
+                        training.forward_backward(data, "cross_entropy"),
+                        training.optim_step(adam),
+                    )
                 fwd, opt = pending
                 loss = fwd.result().metrics["loss:sum"] / max(ntokens, 1.0)
                 opt.result()
@@ -137,11 +144,19 @@ def run(args: argparse.Namespace) -> int:
             t = time.perf_counter()
             sampler = training.save_weights_and_get_sampling_client()
             prompt_text = _format(args.prompt)
-            prompt = types.ModelInput.from_ints(tokenizer.encode(prompt_text,
-                                                                 add_special_tokens=False))
-            result = sampler.sample(prompt, 1, types.SamplingParams(
-                max_tokens=args.max_tokens, temperature=0.0, stop=["\n"], seed=args.seed,
-            )).result()
+            prompt = types.ModelInput.from_ints(
+                tokenizer.encode(prompt_text, add_special_tokens=False)
+            )
+            result = sampler.sample(
+                prompt,
+                1,
+                types.SamplingParams(
+                    max_tokens=args.max_tokens,
+                    temperature=0.0,
+                    stop=["\n"],
+                    seed=args.seed,
+                ),
+            ).result()
             sample_text = tokenizer.decode(result.sequences[0].tokens, skip_special_tokens=True)
             timings["sample_s"] = time.perf_counter() - t
             t = time.perf_counter()
@@ -152,12 +167,22 @@ def run(args: argparse.Namespace) -> int:
     timings["total_s"] = time.perf_counter() - t0
     paths = [c.tinker_path for c in checkpoints]
     if args.json:
-        print(json.dumps({"losses": losses, "sample_text": sample_text, "checkpoints": paths,
-                          "saved": saved.path,
-                          "timings": {k: round(v, 3) for k, v in timings.items()}}))
+        print(
+            json.dumps(
+                {
+                    "losses": losses,
+                    "sample_text": sample_text,
+                    "checkpoints": paths,
+                    "saved": saved.path,
+                    "timings": {k: round(v, 3) for k, v in timings.items()},
+                }
+            )
+        )
         return 0
-    print(f"loss: {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps "
-          f"({timings['train_s']:.1f} s)")
+    print(
+        f"loss: {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps "
+        f"({timings['train_s']:.1f} s)"
+    )
     print(f"prompt : {prompt_text!r}")
     print(f"sample : {sample_text!r}")
     print("checkpoints:")
