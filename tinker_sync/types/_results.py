@@ -460,7 +460,8 @@ class ForwardBackwardOutput(TinkerModel):
 
     loss_fn_output_type: str
     loss_fn_outputs: list[dict[str, TensorData]]
-    metrics: dict[str, float] = attrs.field(factory=dict)
+    #: ``hash2`` reductions are exact ints (they may exceed 2**53); the rest are floats.
+    metrics: dict[str, int | float] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
