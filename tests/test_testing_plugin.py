@@ -1,0 +1,192 @@
+"""The opt-in pytest plugin tinker_sync.testing, exercised through pytester, plus its
+VirtualSleepClock on its own."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tinker_sync.testing import Sleep, VirtualSleepClock
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = 'pytest_plugins = ["tinker_sync.testing"]\n'
+
+INNER_TESTS = """
+import os
+
+import pytest
+import requests
+
+import tinker_sync
+from tinker_sync._clock import SYSTEM_CLOCK, SystemClock
+
+SEEN = {}
+
+
+def test_server_is_patched_into_the_environment(tinker_server):
+    assert os.environ["TINKER_BASE_URL"] == tinker_server.url
+    assert os.environ["TINKER_API_KEY"] == "tml-local"
+    assert tinker_server.backend == "instant"
+    SEEN["url"] = tinker_server.url
+
+
+def test_environment_is_restored_and_server_stopped():
+    assert os.environ["TINKER_BASE_URL"] == "http://outer.invalid"
+    with pytest.raises(requests.ConnectionError):
+        requests.get(SEEN["url"] + "/api/v1/healthz", timeout=5)
+
+
+@pytest.mark.tinker_server(backend="tiny", api_key="tml-custom", client_config={"sample_use_retrieve_futures": True})
+def test_marker_configures_the_server(tinker_server):
+    assert tinker_server.backend == "tiny"
+    assert os.environ["TINKER_API_KEY"] == "tml-custom"
+    reply = requests.post(tinker_server.url + "/api/v1/client/config", json={"sdk_version": "0.38.0"},
+                          headers={"X-API-Key": "tml-custom"}, timeout=10)
+    assert reply.json()["sample_use_retrieve_futures"] is True
+
+
+def test_service_client_is_bound_and_closed(tinker_service_client, tinker_server):
+    caps = tinker_service_client.get_server_capabilities()
+    assert caps.supported_models
+    training = tinker_service_client.create_lora_training_client("tinker-sync/tiny", rank=2)
+    assert training.model_id
+    SEEN["client"] = tinker_service_client
+    SEEN["server"] = tinker_server
+
+
+def test_previous_service_client_was_closed_before_its_server_stopped():
+    assert SEEN["client"]._session.closed
+    finishes = [e for e in SEEN["server"].requests.all() if e.path.endswith("/finish")]
+    assert len(finishes) == 1 and finishes[0].status == 200
+
+
+@pytest.mark.tinker_server(faults=["get_server_capabilities 503 x2"])
+def test_sleeps_record_retry_delays(tinker_service_client, tinker_sleeps, tinker_faults, tinker_server):
+    start = time.monotonic()
+    tinker_service_client.get_server_capabilities()
+    assert tinker_sleeps.delays("http-retry") == [0.5, 1.0]
+    assert time.monotonic() - start < 1.0  # nothing actually slept
+    tinker_faults.assert_exhausted()
+    tinker_service_client.create_lora_training_client("tinker-sync/tiny", rank=2)
+    SEEN["sleeps_client"] = tinker_service_client
+    SEEN["sleeps_server"] = tinker_server
+
+
+def test_client_with_sleeps_closed_before_its_server_stopped():
+    assert SEEN["sleeps_client"]._session.closed
+    finishes = [e for e in SEEN["sleeps_server"].requests.all() if e.path.endswith("/finish")]
+    assert len(finishes) == 1 and finishes[0].status == 200
+
+
+def test_sleeps_also_replace_the_default_clock(tinker_server, tinker_faults, tinker_sleeps):
+    tinker_faults.add("get_server_capabilities 429 x1 retry_after=7")
+    with tinker_sync.RestClient() as rest:
+        rest.get_server_capabilities().result(30)
+    assert tinker_sleeps.sleeps[-1] == (7.0, "http-retry")
+
+
+def test_default_clock_is_restored():
+    for name in ("monotonic", "time", "sleep", "wait", "random"):
+        assert getattr(SYSTEM_CLOCK, name).__func__ is getattr(SystemClock, name)
+
+
+def test_factory_makes_independent_servers(tinker_server_factory):
+    a = tinker_server_factory()
+    b = tinker_server_factory(api_key="tml-other")
+    assert a.url != b.url and b.api_key == "tml-other"
+    SEEN["factory"] = [a.url, b.url]
+
+
+def test_factory_servers_are_stopped():
+    for url in SEEN["factory"]:
+        with pytest.raises(requests.ConnectionError):
+            requests.get(url + "/api/v1/healthz", timeout=5)
+
+
+def test_reset_process_state_closes_shared_pools(tinker_server):
+    from tinker_sync import _transport
+    from tinker_sync.testing import reset_process_state
+
+    with tinker_sync.RestClient() as rest:
+        rest.get_server_capabilities().result(30)
+        assert _transport._registry
+        reset_process_state()
+        assert not _transport._registry
+"""
+
+
+def test_plugin_fixtures(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TINKER_BASE_URL", "http://outer.invalid")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_inner="import time\n" + INNER_TESTS)
+    result = pytester.runpytest_inprocess(
+        "--strict-markers",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+    )
+    result.assert_outcomes(passed=12)
+
+
+def test_plugin_is_opt_in(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_inner="""
+        def test_needs_plugin(tinker_server):
+            pass
+        """
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'tinker_server' not found*"])
+
+
+def test_marker_is_registered(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CONFTEST)
+    result = pytester.runpytest_inprocess("--markers", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*tinker_server(backend=*"])
+
+
+# -- VirtualSleepClock ------------------------------------------------------------------------
+
+
+def test_sleeps_are_recorded_and_return_at_once() -> None:
+    clock = VirtualSleepClock()
+    start_real, start_virtual = time.monotonic(), clock.monotonic()
+    clock.sleep(30.0, "submission-retry")
+    clock.sleep(0.5, "http-retry")
+    assert time.monotonic() - start_real < 1.0
+    assert clock.monotonic() - start_virtual >= 30.5
+    assert clock.sleeps == [Sleep(30.0, "submission-retry"), Sleep(0.5, "http-retry")]
+    assert clock.delays("http-retry") == [0.5] and clock.total == 30.5
+    assert len(clock) == 2 and clock[0].reason == "submission-retry"
+    assert abs(clock.time() - time.time()) < 5.0  # wall time stays real
+    clock.clear()
+    assert clock.sleeps == []
+
+
+def test_condition_waits_are_virtual_and_event_waits_real() -> None:
+    clock = VirtualSleepClock()
+    cond = threading.Condition()
+    with cond:
+        assert clock.wait(cond, 5.0) is False
+    assert clock.sleeps == [Sleep(5.0, "backoff-wait")]
+    event = threading.Event()
+    threading.Timer(0.05, event.set).start()
+    assert clock.wait(event, 10.0) is True
+    assert len(clock) == 1  # event waits are not virtual sleeps
+
+
+def test_jitter_source() -> None:
+    clock = VirtualSleepClock()
+    assert clock.random() == 0.0
+    clock.set_jitter(0.5)
+    assert clock.random() == 0.5
+    clock.set_jitter(lambda: 0.25)
+    assert clock.random() == 0.25
+    with pytest.raises(ValueError):
+        clock.set_jitter(1.5)
