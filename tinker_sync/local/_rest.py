@@ -38,6 +38,9 @@ from tinker_sync.local._httpapi import HttpRequest, HttpResponse
 from tinker_sync.local._jwt import UrlSigner
 from tinker_sync.local._store import CheckpointFiles, CheckpointRow, RunRow, SessionRow, Store
 
+#: A semantic conflict is a final answer: tell clients not to retry it (they would for 409).
+_FINAL = {"x-should-retry": "false"}
+
 #: The single owner of everything on a local server.
 OWNER = "tml:user:local"
 #: Signed checkpoint file links are served under this prefix (outside ``/_local/`` admin).
@@ -195,7 +198,7 @@ class RestApi:
     async def publish(self, request: HttpRequest, run_id: str, ckpt_id: str) -> HttpResponse:
         row = self._checkpoint_row(run_id, ckpt_id)
         if row.public:
-            raise HttpError(409, f"checkpoint {row.tinker_path} is already public")
+            raise HttpError(409, f"checkpoint {row.tinker_path} is already public", _FINAL)
         row.public = True
         self._store.put_checkpoint(row)
         return HttpResponse.json({})
@@ -203,7 +206,7 @@ class RestApi:
     async def unpublish(self, request: HttpRequest, run_id: str, ckpt_id: str) -> HttpResponse:
         row = self._checkpoint_row(run_id, ckpt_id)
         if not row.public:
-            raise HttpError(409, f"checkpoint {row.tinker_path} is not public")
+            raise HttpError(409, f"checkpoint {row.tinker_path} is not public", _FINAL)
         row.public = False
         self._store.put_checkpoint(row)
         return HttpResponse.json({})
@@ -305,7 +308,9 @@ class RestApi:
             self._store.insert_session(SessionRow(dest_session, now, project_id=project))
             dest_run = f"{dest_session}:train:0"
         if self._store.get_checkpoint(dest_run, row.checkpoint_id) is not None:
-            raise HttpError(409, f"tinker://{dest_run}/{row.checkpoint_id} already exists")
+            raise HttpError(
+                409, f"tinker://{dest_run}/{row.checkpoint_id} already exists", _FINAL
+            )
         if self._store.get_run(dest_run) is None:
             self._store.insert_run(
                 RunRow(
