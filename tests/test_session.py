@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -204,3 +205,170 @@ def test_heartbeat_cadence_warning_and_stop_on_410(caplog):
         # failures start at t=30; last success t=20; warnings once t - 20 > 120, i.e. t=150,160
         assert len(warnings) == 2
         session.close()
+
+
+def test_held_sample_requests_do_not_starve_heartbeats_or_get_info():
+    """T-E6 (B31): with 400 SAMPLE-pool requests held open by the server, a heartbeat
+    (SESSION pool) and get_info (TRAIN pool) still complete: the pools are separate."""
+    import time
+
+    from tinker_sync._config import Timeout
+    from tinker_sync._transport import Pool, RequestSpec
+
+    server = LocalServer(long_poll_s=1.0).start()
+    service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key, max_retries=0)
+    threads: list[threading.Thread] = []
+    try:
+        training = service.create_lora_training_client("base", rank=4)
+        session = service._session
+        transport = session.transport
+        server.faults.add("asample delay=30 x*")
+        barrier = threading.Barrier(400)
+
+        def held_sample() -> None:
+            barrier.wait(HANG)
+            try:
+                transport.send_once(
+                    RequestSpec(
+                        method="POST",
+                        path="/api/v1/asample",
+                        pool=Pool.SAMPLE,
+                        json={"sampling_session_id": "held", "seq_id": 1, "type": "sample"},
+                        timeout=Timeout(HANG, connect=5.0),
+                        max_retries=0,
+                    )
+                )
+            except Exception:
+                pass  # released by the server's shutdown at the end
+
+        threads = [threading.Thread(target=held_sample, daemon=True) for _ in range(400)]
+        for t in threads:
+            t.start()
+        pools = transport.pools()
+        deadline = time.monotonic() + HANG
+        while pools.inflight(Pool.SAMPLE) < 400:  # wait-until (bounded), not a fixed sleep
+            assert time.monotonic() < deadline, pools.inflight(Pool.SAMPLE)
+            time.sleep(0.01)
+        beat = transport.send_once(
+            RequestSpec(
+                method="POST",
+                path="/api/v1/session_heartbeat",
+                pool=Pool.SESSION,
+                json={"session_id": session.session_id, "type": "session_heartbeat"},
+                max_retries=0,
+            )
+        )
+        assert beat.status == 200
+        info = service._get_info(training.model_id)
+        assert info.model_id == training.model_id
+        assert pools.inflight(Pool.SAMPLE) == 400  # still held while those completed
+        assert server.requests.count("asample") == 0
+    finally:
+        service.close()  # while the server is up (a finish against a dead server retries)
+        server.stop()  # drops the held requests
+        for t in threads:
+            t.join(HANG)
+        from tinker_sync._ratelimit import reset_limiters
+
+        reset_limiters()
+
+
+def _telemetry_events(server) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [e for r in server.requests.filter(endpoint="telemetry") for e in r.json["events"]]
+
+
+def test_escaped_exceptions_are_reported_once_with_session_end(monkeypatch):
+    """B48: a failure escaping result() or a public call is reported once (user_error for
+    user errors, UNHANDLED_EXCEPTION otherwise) plus SESSION_END, flushed synchronously."""
+    from tinker_sync.exceptions import NotFoundError, RequestFailedError
+
+    monkeypatch.setenv("TINKER_TELEMETRY", "1")
+    with LocalServer(long_poll_s=1.0) as server:
+        with tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as service:
+            training = service.create_lora_training_client("base", rank=4)
+            ok = training.forward_backward([datum()], "cross_entropy")
+            ok.result(HANG)
+            assert _telemetry_events(server) == []  # nothing flushed on the success path
+
+            server.faults.add("retrieve_future fail:user match.request_type=OptimStep")
+            user_fut = training.optim_step(types.AdamParams())
+            with pytest.raises(RequestFailedError) as user_exc:
+                user_fut.result(HANG)
+            events = _telemetry_events(server)  # already sent: the flush is synchronous
+            names = [(e["event"], e.get("event_name")) for e in events]
+            assert ("GENERIC_EVENT", "user_error") in names
+            assert ("SESSION_END", None) in names
+            (user_event,) = [e for e in events if e.get("event_name") == "user_error"]
+            assert user_event["severity"] == "WARNING"
+            assert user_event["event_data"]["error_type"] == "RequestFailedError"
+
+            with pytest.raises(RequestFailedError) as again:
+                user_fut.result(HANG)  # the same exception again: not reported twice
+            assert again.value is user_exc.value
+            assert len(_telemetry_events(server)) == len(events)
+
+            server.faults.add("retrieve_future fail:server match.request_type=OptimStep")
+            with pytest.raises(RequestFailedError):
+                training.optim_step(types.AdamParams()).result(HANG)
+            unhandled = [
+                e for e in _telemetry_events(server) if e["event"] == "UNHANDLED_EXCEPTION"
+            ]
+            assert len(unhandled) == 1
+            assert unhandled[0]["error_type"] == "RequestFailedError"
+            assert "Traceback" in unhandled[0]["traceback"]
+
+            count = len(_telemetry_events(server))
+            with pytest.raises(NotFoundError):  # a blocking public call (404: user error)
+                service.create_sampling_client(model_path="tinker://no-such-run/sampler_weights/x")
+            new = _telemetry_events(server)[count:]
+            assert [e.get("event_name") or e["event"] for e in new] == ["user_error", "SESSION_END"]
+            assert new[0]["event_data"]["status_code"] == 404
+        ends = [e for e in _telemetry_events(server) if e["event"] == "SESSION_END"]
+        assert len(ends) == 3  # one per reported exception; a normal close adds none
+        assert server.api_key not in json.dumps(_telemetry_events(server))
+
+
+def test_telemetry_flushes_when_100_events_are_queued(monkeypatch):
+    """B48: a full batch wakes the timer thread at once (not after 10 s)."""
+    monkeypatch.setenv("TINKER_TELEMETRY", "1")
+    with LocalServer() as server:
+        with tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as service:
+            service.create_sampling_client(base_model="base")
+            telemetry = service._session.telemetry
+            assert telemetry is not None
+            for i in range(150):
+                telemetry.generic("x", {"i": i})
+            batches = server.requests.wait_for("telemetry", 1, timeout=HANG)
+            first = batches[0].json["events"]  # the timer thread may drain the rest as well
+            assert len(first) == 100
+            assert first[0]["event"] == "SESSION_START"
+            assert [e["event_session_index"] for e in first] == list(range(100))
+
+
+def test_timer_thread_drives_the_jwt_background_refresh():
+    """B58: with JWT auth on, the session timer refreshes the token at 45-55 % of its life."""
+    clock = FakeClock(rng=lambda: 0.5)  # refresh at exactly 50 % of the 3600 s lifetime
+    config = {"pjwt_auth_enabled": True}
+    with LocalServer(client_config=config, long_poll_s=1.0) as server:
+        service = tinker_sync.ServiceClient(
+            base_url=server.url, api_key=server.api_key, _clock=clock
+        )
+        try:
+            service.create_sampling_client(base_model="base")
+            auth = service._session.transport.auth
+            assert type(auth).__name__ == "JwtAuth"
+            assert server.requests.count("auth/token") == 1
+            first = auth.token()
+            assert auth.next_refresh_in() == pytest.approx(1800.0)
+            clock.advance(1799.0)
+            service._session.wake_timer()
+            assert server.requests.count("auth/token") == 1  # not yet due
+            clock.advance(2.0)
+            service._session.wake_timer()
+            server.requests.wait_for("auth/token", 2, timeout=HANG)
+            assert auth.exchanges == 2
+            service.create_sampling_client(base_model="base")  # the new token works
+            assert auth.token() != first or auth.exchanges == 2
+            assert auth.next_refresh_in() == pytest.approx(1800.0, abs=5.0)
+        finally:
+            service.close()

@@ -184,7 +184,7 @@ def test_validation_errors_consume_no_seq_id(server, service):
 
 def test_32_clients_8_threads_mixed_ops_all_finish(server, service):
     """T-A8 (B3, B54): no pool deadlock with many clients and threads."""
-    from tinker_sync._executor import configure_threads, _pools
+    from tinker_sync._executor import _pools, configure_threads
 
     clients = [service.create_lora_training_client("base", rank=4) for _ in range(32)]
     barrier = threading.Barrier(8)
@@ -248,3 +248,168 @@ def test_a_rejected_chunk_fails_only_its_op_and_names_the_accepted_chunks():
             assert any("chunk 2/2" in note for note in getattr(exc, "__notes__", []))
             assert nxt.result(HANG).metrics
             assert [s for s, _ in applied(server, training.model_id)] == [0, 1, 3]
+
+
+# ------------------------------------------------------------------------------ T-C5 (B19)
+
+
+def test_a_callback_that_submits_the_next_op_does_not_deadlock(server, service):
+    """T-C5 (B19): futures complete outside every SDK lock, so a done-callback may re-enter
+    the client (submit, and even wait for, the next op) on the completing thread."""
+    training = service.create_lora_training_client("base", rank=4)
+    finished = threading.Event()
+    chain: list[int] = []
+    errors: list[BaseException] = []
+
+    def step(fut: concurrent.futures.Future, k: int) -> None:
+        try:
+            fut.result()
+            chain.append(k)
+            if k == 20:
+                finished.set()
+                return
+            nxt = (
+                training.forward_backward([datum(offset=k)], "cross_entropy")
+                if k % 2
+                else training.optim_step(types.AdamParams())
+            )
+            if k % 5 == 0:
+                nxt.result(HANG)  # blocking inside a callback: still no deadlock
+            nxt.add_done_callback(lambda f: step(f, k + 1))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+            finished.set()
+
+    first = training.forward_backward([datum()], "cross_entropy")
+    first.add_done_callback(lambda f: step(f, 0))
+    assert finished.wait(HANG), f"chain stalled after {chain[-1:]}"
+    assert not errors
+    assert chain == list(range(21))
+    assert [s for s, _ in applied(server, training.model_id)] == list(range(22))
+
+
+def test_a_raising_callback_is_isolated(server, service, caplog):
+    """T-C5 (B19): a raising callback is logged; other callbacks and the result are intact."""
+    import logging
+
+    training = service.create_lora_training_client("base", rank=4)
+    seen: list[str] = []
+
+    def boom(fut: concurrent.futures.Future) -> None:
+        seen.append("boom")
+        raise RuntimeError("callback failure")
+
+    after = threading.Event()
+
+    def record(fut: concurrent.futures.Future) -> None:
+        seen.append("after")
+        after.set()
+
+    with caplog.at_level(logging.ERROR, logger="tinker_sync.futures"):
+        fut = training.forward_backward([datum()], "cross_entropy")
+        fut.add_done_callback(boom)
+        fut.add_done_callback(record)
+        out = fut.result(HANG)
+        assert after.wait(HANG)  # callbacks run in order on the completing thread
+        nxt = training.optim_step(types.AdamParams())
+        assert nxt.result(HANG) is not None
+    assert isinstance(out, types.ForwardBackwardOutput)
+    assert seen == ["boom", "after"]
+    failures = [r for r in caplog.records if "done-callback" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is not None
+
+
+# ------------------------------------------------------------------------------ T-E4 (B34)
+
+
+def test_one_idempotency_key_across_both_retry_layers(server):
+    """T-E4 (B34): 11 HTTP attempts (500) exhaust the HTTP layer; the submission loop resends
+    with the same key; an identical second call gets a new key; GETs carry none."""
+    from tinker_sync._clock import FakeClock
+
+    clock = FakeClock(rng=lambda: 0.0)
+    service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key, _clock=clock)
+    try:
+        training = service.create_lora_training_client("base", rank=4)
+        server.faults.add("optim_step 500 x11")
+        first = training.optim_step(types.AdamParams(learning_rate=1e-4))
+        first.result(HANG)
+        second = training.optim_step(types.AdamParams(learning_rate=1e-4))
+        second.result(HANG)
+        attempts = server.requests.filter(endpoint="optim_step")
+        assert [r.status for r in attempts] == [500] * 11 + [200, 200]
+        first_keys = {r.headers["x-idempotency-key"] for r in attempts[:12]}
+        assert len(first_keys) == 1
+        assert attempts[12].headers["x-idempotency-key"] not in first_keys
+        assert {r.json["seq_id"] for r in attempts[:12]} == {1}
+        assert attempts[12].json["seq_id"] == 2
+        retry_counts = [int(r.headers["x-stainless-retry-count"]) for r in attempts[:12]]
+        assert retry_counts == list(range(11)) + [0]
+        assert len(clock.sleeps_for("http-retry")) == 10
+        assert clock.sleeps_for("submission-retry") == [1.0]
+        # GET requests carry no key
+        sampler = training.save_weights_for_sampler("s").result(HANG)
+        service.create_sampling_client(model_path=sampler.path)
+        gets = server.requests.filter(method="GET")
+        assert gets, "expected at least one GET (samplers lookup)"
+        assert all("x-idempotency-key" not in r.headers for r in gets)
+        posts = server.requests.filter(method="POST")
+        assert all("x-idempotency-key" in r.headers for r in posts)
+    finally:
+        service.close()
+
+
+# ------------------------------------------------------------------------------ T-D4 (B27)
+
+
+@pytest.mark.slow
+def test_two_clients_with_40mb_chunks_under_the_50mb_budget_do_not_deadlock():
+    """T-D4 (B27): the fwd/bwd byte gate is taken inside each chunk's turn, so two clients
+    whose chunks are 40 MB each (budget 50 MB, admitted while >= 0) all finish."""
+    from tinker_sync._wire._chunking import estimate_datum_bytes
+    from tinker_sync.local import LocalServer
+
+    per_datum = 25_000  # 16 B per token estimated: 400 kB per datum, 100 datums per chunk
+    config = {"fwdbwd_max_chunk_bytes_count": 40_000_000, "fwdbwd_max_chunk_len": 1024}
+    big = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(np.full(per_datum, 7, np.int64)),
+            loss_fn_inputs={
+                "target_tokens": np.full(per_datum, 8, np.int64),
+                "weights": np.ones(per_datum, np.float32),
+            },
+        )
+        for _ in range(200)
+    ]
+    assert sum(estimate_datum_bytes(d) for d in big[:100]) == 40_000_000
+    with LocalServer(client_config=config, long_poll_s=2.0) as server:
+        services = [
+            tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) for _ in range(2)
+        ]
+        try:
+            trainings = [s.create_lora_training_client("base", rank=4) for s in services]
+            barrier = threading.Barrier(2)
+            futures: list[list[concurrent.futures.Future]] = [[], []]
+
+            def run(i: int) -> None:
+                barrier.wait(HANG)
+                futures[i].append(trainings[i].forward_backward(big, "cross_entropy"))
+                futures[i].append(trainings[i].optim_step(types.AdamParams()))
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(HANG)
+            flat = [f for fs in futures for f in fs]
+            done, not_done = concurrent.futures.wait(flat, timeout=HANG * 4)
+            assert not not_done
+            for fs in futures:
+                assert len(fs[0].result().loss_fn_outputs) == 200
+                assert len(fs[0].request_ids) == 2
+            limiter = services[0]._session.limiter
+            assert limiter is services[1]._session.limiter  # same (url, key): one budget
+            assert limiter.snapshot()["fwdbwd_bytes"] == 50_000_000
+        finally:
+            for s in services:
+                s.close()

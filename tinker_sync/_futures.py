@@ -139,7 +139,20 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
                 "APIFuture.result() called inside a running event loop: it blocks the loop; "
                 "use `await future` instead"
             )
-        return super().result(timeout)
+        try:
+            return super().result(timeout)
+        except BaseException as exc:
+            if exc is self._exception:  # the operation's failure, not the wait's timeout
+                self._report(exc)
+            raise
+
+    def _report(self, exc: BaseException) -> None:
+        """Report a failure escaping ``result()`` to the owner's telemetry, once (B48)."""
+        owner = getattr(self, "_owner", None)
+        if owner is not None and isinstance(exc, Exception):
+            from tinker_sync._telemetry import report_escaped
+
+            report_escaped(exc, owner)
 
     def add_done_callback(self, fn: Callable[[concurrent.futures.Future[T]], object]) -> None:
         """Run ``fn(future)`` when done, on the completing thread (or now if already done).
@@ -163,16 +176,19 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
         """Await the result; on timeout raise ``TimeoutError`` and request ``cancel()``."""
         import asyncio
 
-        return await asyncio.wait_for(asyncio.wrap_future(self), timeout)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self), timeout)
+        except BaseException as exc:
+            if exc is self._exception:
+                self._report(exc)
+            raise
 
     def coroutine(self) -> Coroutine[Any, Any, T]:
         """A coroutine resolving to the result, for ``asyncio.create_task``."""
         return self.result_async()
 
     def __await__(self) -> Generator[Any, None, T]:
-        import asyncio
-
-        return asyncio.wrap_future(self).__await__()
+        return self.result_async().__await__()
 
     def __reduce__(self) -> Any:
         raise TypeError("APIFuture cannot be pickled; pickle the result instead")

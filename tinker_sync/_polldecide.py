@@ -35,6 +35,9 @@ from tinker_sync.exceptions import (
 PROTOBUF = "application/x-protobuf"
 MAX_BAD_400 = 3
 BILLING_PAUSE_S = 5.0
+#: Exponents are capped so counters can grow without bound (B23: no iteration cap) while the
+#: delays stay at their caps (2**1024 would overflow a float).
+_MAX_EXP = 16
 
 
 class Action(enum.Enum):
@@ -78,7 +81,7 @@ def _json_or_none(content: bytes) -> Any:
 
 
 def _backoff(counters: PollCounters, reason: str, exc: BaseException | None) -> Decision:
-    delay = float(min(2**counters.backoff_n, 30))
+    delay = float(min(2 ** min(counters.backoff_n, _MAX_EXP), 30))
     counters.backoff_n += 1
     counters.server_errors = 0
     counters.last_error = exc
@@ -125,7 +128,7 @@ def decide_reply(
             )
         if body.get("type") == "try_again":
             if elapsed < 1.0:
-                delay = min(0.05 * 2**counters.fast_answers, 1.0)
+                delay = min(0.05 * 2 ** min(counters.fast_answers, _MAX_EXP), 1.0)
                 counters.fast_answers += 1
             else:
                 delay = 0.0
@@ -178,7 +181,7 @@ def decide_reply(
             )
         return Decision(Action.PENDING, 0.0, "408")
     if 500 <= status < 600:
-        delay = min(0.1 * 2**counters.server_errors, 5.0) * (0.75 + 0.25 * jitter)
+        delay = min(0.1 * 2 ** min(counters.server_errors, _MAX_EXP), 5.0) * (0.75 + 0.25 * jitter)
         counters.server_errors += 1
         return Decision(Action.RETRY, delay, f"HTTP {status} while polling", error)
     if status == 429:

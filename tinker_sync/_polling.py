@@ -12,6 +12,14 @@ ForwardBackward / Forward, ``Accept: application/x-protobuf`` (B20). What happen
 from :func:`tinker_sync._polldecide.decide_reply` (B21, B22). The loop is bounded by time
 (``poll_timeout``), never by an iteration count (B23), and it is iterative.
 
+``poll_timeout`` (default None: unbounded, as in the official SDK) runs on the session Clock;
+on expiry ``on_done`` gets a TimeoutError chained (``__cause__``) to the last poll error. It
+is deliberately not a public knob: callers bound their own wait with ``result(timeout)``,
+which cancels nothing, and training futures may legitimately stay paused for over 15 min.
+
+Each completion reports ``active`` to the queue-state observer and emits a ``future_done``
+hook event; a change of ``(state, reason)`` emits ``queue_state_change`` (B62, B63).
+
 Thread safety: a Poll runs on one pool thread. Fork safety: polls do not survive a fork; their
 futures fail in the child (``_futures``).
 """
@@ -28,7 +36,7 @@ from tinker_sync._polldecide import Action, Decision, PollCounters, decide_reply
 from tinker_sync._polldecide import decide_transport_error as _transport_error
 from tinker_sync._ratelimit import Stopped
 from tinker_sync._session import Session
-from tinker_sync._transport import Pool, RequestSpec
+from tinker_sync._transport import Pool, RequestSpec, emit_hook
 from tinker_sync.exceptions import (
     APIConnectionError,
     APIResponseValidationError,
@@ -65,6 +73,7 @@ class Poll:
         on_queue_state: QueueObserver | None = None,
         sampling: bool = False,
         allow_metadata_only: bool = True,
+        model_id: str | None = None,
     ) -> None:
         self.session = session
         self.request_id = request_id
@@ -78,8 +87,10 @@ class Poll:
         self.on_queue_state = on_queue_state
         self.sampling = sampling
         self.allow_metadata_only = allow_metadata_only
+        self.model_id = model_id
         self.counters = PollCounters()
         self._reserved = 0
+        self._last_state: tuple[str, str | None] = ("active", None)
 
     def _spec(self) -> RequestSpec:
         iteration = self.counters.iteration
@@ -106,16 +117,56 @@ class Poll:
         if self._reserved:
             self.session.limiter.release_response_bytes(self._reserved)
             self._reserved = 0
-        if self.on_queue_state is not None and error is None:
-            self._observe("active", None)
+        self._observe("active", None)  # completion (success or failure) reports active (B62)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request %s (%s) %s after %d poll(s)",
+                self.request_id,
+                self.request_type,
+                "completed" if error is None else f"failed: {type(error).__name__}",
+                self.counters.iteration,
+                extra=self._log_extra(),
+            )
+        if self.session.hooks:
+            clock = self.session.clock
+            emit_hook(
+                self.session.hooks,
+                "future_done",
+                request_id=self.request_id,
+                request_type=self.request_type,
+                ok=error is None,
+                error=None if error is None else type(error).__name__,
+                polls=self.counters.iteration,
+                duration=clock.monotonic() - self.created_at,
+            )
         self.on_done(value, error)
 
+    def _log_extra(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session.session_id,
+            "request_id": self.request_id,
+            "model_id": self.model_id,
+        }
+
     def _observe(self, state: str, reason: str | None) -> None:
-        assert self.on_queue_state is not None
+        """Tell the observer (and, on a change of ``(state, reason)``, the hooks)."""
+        changed = (state, reason) != self._last_state
+        self._last_state = (state, reason)
+        if changed and self.session.hooks:
+            emit_hook(
+                self.session.hooks,
+                "queue_state_change",
+                request_id=self.request_id,
+                request_type=self.request_type,
+                state=state,
+                reason=reason,
+            )
+        if self.on_queue_state is None:
+            return
         try:
             self.on_queue_state(state, reason)
         except Exception:
-            log.exception("queue-state observer failed")
+            log.exception("queue-state observer failed", extra=self._log_extra())
 
     def run(self) -> None:
         try:
@@ -187,8 +238,7 @@ class Poll:
                 self.allow_metadata_only = False
                 continue
             if action is Action.PENDING and decision.queue_state:
-                if self.on_queue_state is not None:
-                    self._observe(decision.queue_state, decision.queue_state_reason)
+                self._observe(decision.queue_state, decision.queue_state_reason)
                 if self.sampling and decision.queue_state.startswith("paused"):
                     self.session.limiter.set_backoff(
                         1.0, f"queue {decision.queue_state}", self.session.hooks

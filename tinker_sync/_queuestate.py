@@ -2,13 +2,14 @@
 
 Usage::
 
-    reporter = QueueStateReporter(kind="training", clock=clock)
+    reporter = QueueStateReporter("training", clock, identifier=model_id)
     reporter(state, reason)        # called by poll loops with each try_again queue state
 
-The observer acts only when ``(state, reason)`` changes. Training and model-creation futures
-warn only after 15 minutes in a paused state, then at most every 60 s; sampling warns at once,
-then at most every 60 s per client. Completion reports ``active``. Observer errors are logged
-by the poll loop, never raised.
+Training and model-creation futures warn only after 15 minutes in one paused state (a change
+of state restarts that wait, as in the official SDK), then at most every 60 s; sampling warns
+at once, then at most every 60 s per client. Poll loops report ``active`` on completion, which
+ends the pause. Observer errors are logged by the poll loop, never raised. Each client keeps
+its own reporter, so debounce state never leaks between clients.
 
 Thread safety: lock-guarded. Fork safety: plain state.
 """
@@ -35,14 +36,28 @@ _DEFAULT_REASONS = {
 class QueueStateReporter:
     """Turns a stream of queue states into rate-limited warnings. Thread-safe."""
 
-    def __init__(self, kind: str, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        kind: str,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        identifier: str | None = None,
+        prefix: str | None = None,
+    ) -> None:
+        """:param kind: ``"training"`` (also model creation) or ``"sampling"``.
+        :param clock: monotonic time source (the session's Clock).
+        :param identifier: what is queued (a model id, a base model, a sampler id).
+        :param prefix: message prefix, e.g. ``"Model creation"`` (default by kind).
+        """
         if kind not in ("training", "sampling"):
             raise ValueError(f"kind must be 'training' or 'sampling', got {kind!r}")
         self.kind = kind
         self.clock = clock
+        self.identifier = identifier
+        self.prefix = prefix or ("Training" if kind == "training" else "Sampling")
         self._lock = threading.Lock()
         self._last: tuple[str, str | None] = ("active", None)
-        self._paused_since: float | None = None
+        self._state_since: float | None = None
         self._last_warned: float | None = None
         self.warnings = 0
 
@@ -50,18 +65,23 @@ class QueueStateReporter:
         now = self.clock.monotonic()
         paused = state.startswith("paused")
         with self._lock:
+            if state != self._last[0] or self._state_since is None:
+                self._state_since = now
             self._last = (state, reason)
             if not paused:
-                self._paused_since = None
                 return
-            if self._paused_since is None:
-                self._paused_since = now
-            if self.kind == "training" and now - self._paused_since < TRAINING_WARN_AFTER_S:
+            if self.kind == "training" and now - self._state_since < TRAINING_WARN_AFTER_S:
                 return
             if self._last_warned is not None and now - self._last_warned < WARN_EVERY_S:
                 return
             self._last_warned = now
             self.warnings += 1
-        text = reason or _DEFAULT_REASONS.get((self.kind, state), state)
-        what = "Training" if self.kind == "training" else "Sampling"
-        log.warning("%s is paused (%s): %s", what, state, text)
+        text = reason or _DEFAULT_REASONS.get((self.kind, state), "unknown")
+        what = f"{self.prefix} for {self.identifier}" if self.identifier else self.prefix
+        log.warning("%s is paused (%s). Reason: %s", what, state, text)
+
+    @property
+    def state(self) -> tuple[str, str | None]:
+        """The last reported ``(state, reason)``."""
+        with self._lock:
+            return self._last

@@ -11,7 +11,12 @@ Usage (inside the clients)::
 Start-up runs once however many threads race (B45): ``client/config`` with the raw credential,
 the JWT exchange when the server enables it, ``client/dynamic_config`` (404 = defaults), then
 ``create_session``; then the heartbeat thread (every 10 s, B46) and the timer thread (dynamic
-config refresh, telemetry flush). A failed start is not cached: the next call tries again.
+config refresh, telemetry flushes, and the background JWT refresh of B58 when the server
+enables JWT auth). A failed start is not cached: the next call tries again.
+
+``TINKER_LOG=debug|info`` (read when a Session is built, never at import) attaches one stderr
+handler to the ``tinker_sync`` and ``urllib3`` loggers (B61); see
+:func:`configure_logging_from_env`.
 
 Thread safety: every method may be called from any thread. Fork safety: a Session belongs to
 the process that started it; in a forked child ``ensure_started`` raises ForkedProcessError for
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import os
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -95,10 +102,12 @@ class Session:
         self._counters = {"model": 0, "sampling": 0, "custom_loss": 0}
         self._closed = False
         self._stop = threading.Event()
+        self._wake = threading.Event()  # wakes the timer loop (telemetry batch full, close)
         self._threads: list[threading.Thread] = []
         self._pid = os.getpid()
         self._close_listeners: list[Callable[[], None]] = []
         self._shadow = False
+        configure_logging_from_env()
 
     @classmethod
     def shadow(
@@ -201,6 +210,7 @@ class Session:
             self._started = False
             self._threads = []
             self._stop = threading.Event()
+            self._wake = threading.Event()
             self.session_id = None
             self._transport = None
             self.telemetry = None
@@ -302,7 +312,7 @@ class Session:
             message = data.get(key)
             if isinstance(message, str) and message:
                 log.log(level, "%s", message)
-        log.info("session %s created", session_id)
+        log.info("session %s created", session_id, extra={"session_id": session_id})
 
     def _fetch_dynamic_config(self, *, initial: bool) -> DynamicConfig | None:
         assert self._transport is not None
@@ -413,15 +423,34 @@ class Session:
                     failure,
                 )
 
+    def wake_timer(self) -> None:
+        """Make the timer loop run now (e.g. 100 telemetry events are queued)."""
+        self._wake.set()
+
+    def _tick_auth(self) -> float:
+        """Drive the JWT background refresh (B58); seconds until it wants the next tick."""
+        transport = self._transport
+        tick = getattr(transport.auth, "tick", None) if transport is not None else None
+        if tick is None:
+            return math.inf
+        try:
+            return float(tick())
+        except Exception:  # tick() handles its own failures; never kill the timer loop
+            log.debug("JWT refresh tick failed", exc_info=True)
+            return 60.0
+
     def _timer_loop(self) -> None:
-        """Dynamic config refresh and telemetry flushes."""
+        """Dynamic config refresh, telemetry flushes and JWT refreshes."""
         next_refresh = self.timer_clock.monotonic() + self.dynamic.refresh_every
         while True:
+            auth_in = self._tick_auth()
             now = self.timer_clock.monotonic()
             telemetry = self.telemetry
             flush_in = telemetry.next_flush_in() if telemetry is not None else 10.0
-            timeout = max(0.0, min(next_refresh - now, flush_in))
-            if self.timer_clock.wait(self._stop, timeout) or exiting():
+            timeout = max(0.0, min(next_refresh - now, flush_in, auth_in))
+            self.timer_clock.wait(self._wake, timeout)
+            self._wake.clear()
+            if self._stop.is_set() or exiting():
                 return
             now = self.timer_clock.monotonic()
             if now >= next_refresh:
@@ -461,6 +490,7 @@ class Session:
                     log.warning("could not finish session %s: %s", self.session_id, exc)
         finally:
             self._stop.set()
+            self._wake.set()
             for fn in listeners:
                 try:
                     fn()
@@ -487,3 +517,42 @@ def _json_object(reply: Reply) -> dict[str, Any]:
 
 def status_of(exc: BaseException) -> int | None:
     return exc.status_code if isinstance(exc, APIStatusError) else None
+
+
+# -------------------------------------------------------------------- TINKER_LOG (B61)
+
+_LOG_HANDLER_NAME = "tinker_sync-TINKER_LOG"
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO}
+
+
+class _ContextFormatter(logging.Formatter):
+    """Appends ``session_id`` / ``model_id`` / ``request_id`` when a record carries them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        ids = [
+            f"{key}={value}"
+            for key in ("session_id", "model_id", "request_id")
+            if (value := getattr(record, key, None))
+        ]
+        return f"{text} [{' '.join(ids)}]" if ids else text
+
+
+def configure_logging_from_env() -> None:
+    """Honour ``TINKER_LOG=debug|info``: one stderr handler on ``tinker_sync`` and ``urllib3``.
+
+    Called when a Session is built (never at import). Unset or another value changes nothing;
+    repeated calls add no second handler. No other logger (the root included) is touched.
+    """
+    level = _LOG_LEVELS.get(os.environ.get("TINKER_LOG", "").strip().lower())
+    if level is None:
+        return
+    formatter = _ContextFormatter("[%(asctime)s - %(name)s:%(lineno)d - %(levelname)s] %(message)s")
+    for name in ("tinker_sync", "urllib3"):
+        logger = logging.getLogger(name)
+        if not any(h.get_name() == _LOG_HANDLER_NAME for h in logger.handlers):
+            handler = logging.StreamHandler(sys.stderr)
+            handler.set_name(_LOG_HANDLER_NAME)
+            handler.setFormatter(formatter)
+            logger.addHandler(handler)
+        logger.setLevel(level)

@@ -4,12 +4,17 @@ Usage (inside the session)::
 
     telemetry = Telemetry(session, enabled=config.telemetry)
     telemetry.generic("APIFuture.result.connection_error", {"request_id": rid})
-    telemetry.report_exception(exc)      # UNHANDLED_EXCEPTION or user_error, then SESSION_END
+    report_escaped(exc, session)         # once per exception: UNHANDLED_EXCEPTION or
+                                         # user_error, then SESSION_END and a synchronous flush
+
+    @captures_exceptions                 # on public client methods (``self._session``)
+    def create_lora_training_client(self, ...): ...
 
 Events queue (at most 10,000; overflow drops new events with one warning) and are flushed by
 the session timer thread every 10 s, or as soon as 100 are queued, in batches of at most 100.
 A reply other than exactly ``{"status": "accepted"}`` drops the batch. Opt out with
-``TINKER_TELEMETRY=0``.
+``TINKER_TELEMETRY=0``. An exception escaping a public call or ``APIFuture.result()`` is
+reported once (B48): the wrapper costs one frame on the success path and nothing else.
 
 Thread safety: all methods are thread-safe. Fork safety: ``process_uuid`` is new in a child.
 """
@@ -18,21 +23,27 @@ from __future__ import annotations
 
 import collections
 import datetime as _dt
+import functools
 import logging
 import platform
 import threading
 import traceback
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tinker_sync._config import PROTOCOL_VERSION, Timeout
 from tinker_sync._fork import register_after_fork
+from tinker_sync._redact import scrub
 from tinker_sync._transport import Pool, RequestSpec
 
 if TYPE_CHECKING:
     from tinker_sync._session import Session
 
 log = logging.getLogger("tinker_sync.telemetry")
+
+F = TypeVar("F", bound=Callable[..., Any])
+_REPORTED = "_tinker_sync_reported"
 
 MAX_QUEUE = 10_000
 BATCH = 100
@@ -64,11 +75,12 @@ class Telemetry:
         self._flush_lock = threading.Lock()
         self._index = 0
         self._dropped_warned = False
-        self._last_flush = session.clock.monotonic()
-        self._started = session.clock.monotonic()
+        self._last_flush = session.timer_clock.monotonic()
+        self._started = session.timer_clock.monotonic()
         self._session_id = session.session_id or f"sessionless-{uuid.uuid4()}"
-        self._ended = False
+        self._sessionless = session.session_id is None
         self.sent_batches = 0
+        self.reported = 0
         self._event("SESSION_START", "INFO", {})
 
     def _event(self, kind: str, severity: str, fields: dict[str, Any]) -> None:
@@ -92,49 +104,62 @@ class Telemetry:
             }
             self._index += 1
             self._queue.append(event)
+            full = len(self._queue) >= BATCH
+        if full:
+            wake = getattr(self.session, "wake_timer", None)
+            if wake is not None:
+                wake()
 
     def generic(self, name: str, data: dict[str, Any], severity: str = "INFO") -> None:
         self._event("GENERIC_EVENT", severity, {"event_name": name, "event_data": data})
 
     def report_exception(self, exc: BaseException, *, user_error: bool) -> None:
-        """Report an exception that escaped a public call, then SESSION_END, then flush."""
+        """Report an exception that escaped a public call, then SESSION_END, then flush.
+
+        Use :func:`report_escaped` (it reports each exception object once).
+        """
         if not self.enabled:
             return
         with self._lock:
-            if self._ended:
-                return
-            self._ended = True
+            self.reported += 1
+        message = scrub(str(exc))
         if user_error:
-            self.generic(
-                "user_error",
-                {"error_type": type(exc).__name__, "error_message": str(exc)},
-                "WARNING",
-            )
+            data: dict[str, Any] = {"error_type": type(exc).__name__}
+            if message:
+                data["message"] = message
+            status = _user_status(exc)
+            if status is not None:
+                data["status_code"] = status
+            self.generic("user_error", data, "WARNING")
         else:
             self._event(
                 "UNHANDLED_EXCEPTION",
                 "ERROR",
                 {
                     "error_type": type(exc).__name__,
-                    "error_message": str(exc),
-                    "traceback": "".join(traceback.format_exception(exc))[-8000:],
+                    "error_message": message,
+                    "traceback": scrub("".join(traceback.format_exception(exc))[-8000:]),
                 },
             )
-        duration = _dt.timedelta(seconds=self.session.timer_clock.monotonic() - self._started)
-        self._event("SESSION_END", "INFO", {"duration": str(duration)})
+        if not self._sessionless:
+            duration = _dt.timedelta(seconds=self.session.timer_clock.monotonic() - self._started)
+            self._event("SESSION_END", "INFO", {"duration": str(duration)})
         self.flush()
 
     def next_flush_in(self) -> float:
+        """Seconds until the timer thread should flush (never 0 while disabled or idle)."""
+        if not self.enabled:
+            return FLUSH_EVERY_S
         if len(self._queue) >= BATCH:
             return 0.0
         return max(0.0, self._last_flush + FLUSH_EVERY_S - self.session.timer_clock.monotonic())
 
     def flush(self) -> None:
         """Send queued events in batches of at most 100; failures only log."""
+        self._last_flush = self.session.timer_clock.monotonic()
         if not self.enabled:
             return
         with self._flush_lock:
-            self._last_flush = self.session.timer_clock.monotonic()
             while True:
                 with self._lock:
                     batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
@@ -178,3 +203,59 @@ class Telemetry:
             self.flush()
         except Exception:
             log.debug("final telemetry flush failed", exc_info=True)
+
+
+def _user_status(exc: BaseException) -> int | None:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        status = getattr(current, "status_code", None)
+        if isinstance(status, int) and 400 <= status < 500 and status != 408:
+            return status
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def report_escaped(exc: BaseException, session: object) -> None:
+    """Report ``exc`` (escaping a public call or ``result()``) once to ``session``'s telemetry.
+
+    ``session`` is a Session (or any object with a ``telemetry`` attribute, or a ``_session``
+    holding one). User errors (``_retry.is_user_error``) become a ``user_error`` event, the
+    rest UNHANDLED_EXCEPTION; SESSION_END follows and the batch is flushed synchronously.
+    Never raises.
+    """
+    try:
+        if getattr(exc, _REPORTED, False):
+            return
+        telemetry = getattr(session, "telemetry", None)
+        if telemetry is None and hasattr(session, "_session"):
+            telemetry = getattr(session._session, "telemetry", None)
+        if not isinstance(telemetry, Telemetry) or not telemetry.enabled:
+            return
+        try:
+            setattr(exc, _REPORTED, True)
+        except Exception:  # an exception type without __dict__: report anyway
+            pass
+        from tinker_sync._retry import is_user_error
+
+        telemetry.report_exception(exc, user_error=is_user_error(exc))
+    except Exception:
+        log.debug("could not report an exception to telemetry", exc_info=True)
+
+
+def captures_exceptions(fn: F) -> F:
+    """Decorate a public client method: an escaping ``Exception`` is reported (B48), re-raised.
+
+    The instance must have a ``_session`` attribute.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except Exception as exc:
+            report_escaped(exc, getattr(self, "_session", None))
+            raise
+
+    return wrapper  # type: ignore[return-value]

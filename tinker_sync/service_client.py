@@ -30,6 +30,7 @@ from tinker_sync._polldecide import Decision
 from tinker_sync._polling import Poll
 from tinker_sync._queuestate import QueueStateReporter
 from tinker_sync._session import Session
+from tinker_sync._telemetry import captures_exceptions
 from tinker_sync._transport import Hook, Pool, RequestSpec, quote_path, sdk_method_scope
 from tinker_sync._wire._converter import from_json, to_json
 from tinker_sync.exceptions import (
@@ -122,7 +123,6 @@ class ServiceClient:
             display_name=display_name,
         )
         self.pickle_credentials = bool(pickle_credentials)
-        self._training_queue_observer = QueueStateReporter("training", _clock)
         self._close_future: APIFuture[None] | None = None
         self._rest: RestClient | None = None
         self._session.add_close_listener(self._fail_pending)
@@ -145,6 +145,7 @@ class ServiceClient:
 
     # ---------------------------------------------------------------- training clients
 
+    @captures_exceptions
     def create_lora_training_client(
         self,
         base_model: str,
@@ -189,6 +190,9 @@ class ServiceClient:
                 "CreateModel",
                 lambda d: from_json(CreateModelResponse, d.body),
                 loop=False,
+                observer=QueueStateReporter(
+                    "training", session.clock, identifier=base_model, prefix="Model creation"
+                ),
             )
             return self._training_client(created.model_id)
 
@@ -219,6 +223,7 @@ class ServiceClient:
             )
         return info
 
+    @captures_exceptions
     def create_training_client_from_state(
         self,
         path: str,
@@ -233,6 +238,7 @@ class ServiceClient:
                 path, False, base_model, user_metadata, weights_access_token, optimizer
             )
 
+    @captures_exceptions
     def create_training_client_from_state_with_optimizer(
         self,
         path: str,
@@ -282,6 +288,9 @@ class ServiceClient:
                     ),
                     "LoadWeights",
                     lambda d: from_json(LoadWeightsResponse, d.body),
+                    observer=QueueStateReporter(
+                        "training", session.clock, identifier=path, prefix="Model creation"
+                    ),
                 )
             except (NotFoundError, UnprocessableEntityError) as exc:
                 if not _rejects_request_shape(exc):
@@ -327,6 +336,7 @@ class ServiceClient:
 
     # ---------------------------------------------------------------- sampling clients
 
+    @captures_exceptions
     def create_sampling_client(
         self,
         model_path: str | None = None,
@@ -398,6 +408,7 @@ class ServiceClient:
 
     # ---------------------------------------------------------------- other operations
 
+    @captures_exceptions
     def get_server_capabilities(self) -> GetServerCapabilitiesResponse:
         """Models the server offers (blocks)."""
         with sdk_method_scope("ServiceClient.get_server_capabilities"):
@@ -411,6 +422,7 @@ class ServiceClient:
             self._rest = RestClient._from_config(self._config, hooks=self._hooks, clock=self._clock)
         return self._rest
 
+    @captures_exceptions
     def copy_weights(
         self,
         path: str,
@@ -490,31 +502,87 @@ class ServiceClient:
 
     # ---------------------------------------------------------------- async aliases
 
-    async def create_lora_training_client_async(self, *args: Any, **kwargs: Any) -> TrainingClient:
-        from tinker_sync._asyncio import run_blocking
-
-        return await run_blocking(self.create_lora_training_client, *args, **kwargs)
-
-    async def create_training_client_from_state_async(
-        self, *args: Any, **kwargs: Any
+    async def create_lora_training_client_async(
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict[str, str] | None = None,
+        optimizer: OptimizerConfig | None = None,
     ) -> TrainingClient:
-        from tinker_sync._asyncio import run_blocking
-
-        return await run_blocking(self.create_training_client_from_state, *args, **kwargs)
-
-    async def create_training_client_from_state_with_optimizer_async(
-        self, *args: Any, **kwargs: Any
-    ) -> TrainingClient:
+        """Awaitable :meth:`create_lora_training_client` (runs on an SDK thread)."""
         from tinker_sync._asyncio import run_blocking
 
         return await run_blocking(
-            self.create_training_client_from_state_with_optimizer, *args, **kwargs
+            self.create_lora_training_client,
+            base_model,
+            rank,
+            seed,
+            train_mlp,
+            train_attn,
+            train_unembed,
+            user_metadata,
+            optimizer,
         )
 
-    async def create_sampling_client_async(self, *args: Any, **kwargs: Any) -> SamplingClient:
+    async def create_training_client_from_state_async(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+        optimizer: OptimizerConfig | None = None,
+    ) -> TrainingClient:
+        """Awaitable :meth:`create_training_client_from_state` (runs on an SDK thread)."""
         from tinker_sync._asyncio import run_blocking
 
-        return await run_blocking(self.create_sampling_client, *args, **kwargs)
+        return await run_blocking(
+            self.create_training_client_from_state,
+            path,
+            base_model,
+            user_metadata,
+            weights_access_token,
+            optimizer,
+        )
+
+    async def create_training_client_from_state_with_optimizer_async(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+    ) -> TrainingClient:
+        """Awaitable :meth:`create_training_client_from_state_with_optimizer`."""
+        from tinker_sync._asyncio import run_blocking
+
+        return await run_blocking(
+            self.create_training_client_from_state_with_optimizer,
+            path,
+            base_model,
+            user_metadata,
+            weights_access_token,
+        )
+
+    async def create_sampling_client_async(
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: RetryConfig | None = None,
+        record_stability_info: bool = False,
+    ) -> SamplingClient:
+        """Awaitable :meth:`create_sampling_client` (runs on an SDK thread)."""
+        from tinker_sync._asyncio import run_blocking
+
+        return await run_blocking(
+            self.create_sampling_client,
+            model_path,
+            base_model,
+            retry_config,
+            record_stability_info,
+        )
 
     async def get_server_capabilities_async(self) -> GetServerCapabilitiesResponse:
         from tinker_sync._asyncio import run_blocking
@@ -536,6 +604,7 @@ class ServiceClient:
         decode: Callable[[Decision], Any],
         *,
         loop: bool = True,
+        observer: QueueStateReporter | None = None,
     ) -> Any:
         """Submit, then poll in this thread until the future's result is known."""
         session = self._session
@@ -555,7 +624,7 @@ class ServiceClient:
             on_done=done,
             created_at=created_at,
             sdk_method=spec.sdk_method,
-            on_queue_state=self._training_queue_observer,
+            on_queue_state=observer,
         ).run()
         if outcome[1] is not None:
             raise outcome[1]

@@ -30,7 +30,9 @@ from tinker_sync._executor import pool
 from tinker_sync._futures import APIFuture
 from tinker_sync._polldecide import Decision
 from tinker_sync._polling import Poll
+from tinker_sync._queuestate import QueueStateReporter
 from tinker_sync._sequencer import Sequencer
+from tinker_sync._telemetry import captures_exceptions
 from tinker_sync._transport import Pool, RequestSpec, current_sdk_method, sdk_method_scope
 from tinker_sync._wire._converter import from_json, to_json
 from tinker_sync.types import (
@@ -176,6 +178,9 @@ class TrainingClient:
         self.model_id = model_id
         self._info = info
         self._sequencer = Sequencer(model_id)
+        self._queue_reporter = QueueStateReporter(
+            "training", self._session.clock, identifier=model_id
+        )
         self._tokenizer: TinkerTokenizer | None = None
         self._session.add_close_listener(self._sequencer.close)
 
@@ -198,6 +203,7 @@ class TrainingClient:
     async def get_info_async(self) -> GetInfoResponse:
         return self._info
 
+    @captures_exceptions
     def get_tokenizer(self) -> TinkerTokenizer:
         """The model's tokenizer (server ``tokenizer_id`` first, then the model name)."""
         if self._tokenizer is None:
@@ -233,13 +239,27 @@ class TrainingClient:
             on_done=on_done,
             created_at=created_at,
             sdk_method=sdk_method,
-            on_queue_state=self._service._training_queue_observer,
+            on_queue_state=self._queue_reporter,
+            model_id=self.model_id,
         )
         pool("train-poll").submit(poll_job.run)
 
-    def _submit(self, spec: RequestSpec) -> str:
+    def _submit(self, spec: RequestSpec, seq_id: int) -> str:
         reply = self._session.request(spec)
-        return _request_id(reply.json()).request_id
+        request_id = _request_id(reply.json()).request_id
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s seq_id %d accepted as %s",
+                spec.path.rsplit("/", 1)[-1],
+                seq_id,
+                request_id,
+                extra={
+                    "session_id": self._session.session_id,
+                    "model_id": self.model_id,
+                    "request_id": request_id,
+                },
+            )
+        return request_id
 
     def _single_op(
         self,
@@ -268,7 +288,7 @@ class TrainingClient:
                 max_retries=max_retries,
             )
             try:
-                request_id = self._submit(spec)
+                request_id = self._submit(spec, ids[0])
             except BaseException as exc:
                 fut._fail(exc)
                 return
@@ -287,6 +307,7 @@ class TrainingClient:
 
     # ---------------------------------------------------------------- forward / backward
 
+    @captures_exceptions
     def forward(
         self,
         data: list[Datum],
@@ -297,6 +318,7 @@ class TrainingClient:
         with sdk_method_scope("TrainingClient.forward"):
             return self._fwdbwd(data, loss_fn, loss_fn_config, forward_only=True)
 
+    @captures_exceptions
     def forward_backward(
         self,
         data: list[Datum],
@@ -398,7 +420,7 @@ class TrainingClient:
             sdk_method=sdk_method,
         )
         with self._session.limiter.fwdbwd_bytes(estimate):
-            return self._submit(spec)
+            return self._submit(spec, seq_id)
 
     def _send_chunks(
         self,
@@ -462,6 +484,7 @@ class TrainingClient:
 
     # ---------------------------------------------------------------- custom loss (B9)
 
+    @captures_exceptions
     def forward_backward_custom(
         self,
         data: list[Datum],
@@ -496,6 +519,7 @@ class TrainingClient:
 
     # ---------------------------------------------------------------- optimizer / checkpoints
 
+    @captures_exceptions
     def optim_step(
         self,
         optim_params: AdamParams | DimuonParams | None = None,
@@ -532,6 +556,7 @@ class TrainingClient:
                 _decode_as(OptimStepResponse),
             )
 
+    @captures_exceptions
     def save_state(
         self,
         name: str,
@@ -592,6 +617,7 @@ class TrainingClient:
             method, "LoadWeights", "/api/v1/load_weights", body, _decode_as(LoadWeightsResponse)
         )
 
+    @captures_exceptions
     def load_state(
         self, path: str, weights_access_token: str | None = None
     ) -> APIFuture[LoadWeightsResponse]:
@@ -599,6 +625,7 @@ class TrainingClient:
         with sdk_method_scope("TrainingClient.load_state"):
             return self._load(path, False, weights_access_token, "TrainingClient.load_state")
 
+    @captures_exceptions
     def load_state_with_optimizer(
         self, path: str, weights_access_token: str | None = None
     ) -> APIFuture[LoadWeightsResponse]:
@@ -608,6 +635,7 @@ class TrainingClient:
                 path, True, weights_access_token, "TrainingClient.load_state_with_optimizer"
             )
 
+    @captures_exceptions
     def save_weights_for_sampler(
         self,
         name: str,
@@ -642,6 +670,7 @@ class TrainingClient:
                 max_retries=0,
             )
 
+    @captures_exceptions
     def save_weights_external(
         self,
         name: str,
@@ -680,6 +709,7 @@ class TrainingClient:
                 max_retries=0,
             )
 
+    @captures_exceptions
     def save_weights_and_get_sampling_client(
         self,
         name: str | None = None,
@@ -738,6 +768,7 @@ class TrainingClient:
                 record_stability_info=record_stability_info,
             )
 
+    @captures_exceptions
     def create_sampling_client(
         self,
         model_path: str,
