@@ -74,6 +74,9 @@ class ServiceClient:
     :param timeout: seconds or :class:`Timeout` for ordinary requests (default 60, connect 5).
     :param max_retries: HTTP-level retries per request (default 10).
     :param pickle_credentials: let pickled SamplingClients carry the API key (default False).
+    :param max_workers: accepted for compatibility and validated, but it sizes nothing: the
+        SDK's thread pools are process-wide and shared by every client (sizes per role:
+        ``tinker_sync._executor.configure_threads``, before the first request).
     :param hooks: callables receiving ``HookEvent`` objects (requests, retries, backoffs).
     """
 

@@ -1,0 +1,1 @@
+"""Import-compatibility shims for paths of the official SDK (``tinker.lib.*``)."""

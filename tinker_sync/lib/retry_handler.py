@@ -1,0 +1,5 @@
+"""``from tinker_sync.lib.retry_handler import RetryConfig`` (the official SDK's import path)."""
+
+from tinker_sync.sampling_client import RetryConfig
+
+__all__ = ["RetryConfig"]
