@@ -1,0 +1,347 @@
+"""The SDK-side benchmark bodies, written once against the public surface both SDKs share.
+
+``tinker_sync`` mirrors the official ``tinker`` names (``ServiceClient``, ``ModelInput``,
+``SamplingParams``, ``Datum``, ``TensorData``, ``AdamParams``), so the same code drives either;
+``_worker_ours.py`` and ``_worker_official.py`` pass in their module. Each worker process imports
+exactly one SDK.
+
+Benchmarks (``bench`` argument) and what they report, one value per repetition:
+
+* ``sample``  -- ``n`` concurrent ``sample()`` calls: samples/s and client CPU-s per sample (P1, P2)
+* ``train``   -- pipelined forward_backward + optim_step steps: wall s per step (P3)
+* ``held``    -- client CPU-s while ``n`` sample futures wait ``window_s`` on held polls (P5)
+* ``poller``  -- peak OS threads with ``n`` pending samples, session poller on (P6)
+* ``latency`` -- p50 of sequential single-sample round trips, ms (P7)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from _common import (
+    BASE_MODEL,
+    VOCAB,
+    Admin,
+    Profiler,
+    Rusage,
+    ThreadPeak,
+    WorkerArgs,
+    cpu_by_thread_group,
+    cpu_seconds,
+    finish,
+    hold_fault,
+    os_threads,
+    peak_rss_mb,
+    percentile,
+    thread_cpu,
+    wait_until,
+)
+
+
+def _resolve(obj: Any) -> Any:
+    """The official SDK returns client futures (``Backcompat*Future``); take their result."""
+    if type(obj).__name__.startswith("Backcompat") and hasattr(obj, "result"):
+        return obj.result()
+    return obj
+
+
+class SdkBench:
+    """One SDK (``tinker_sync`` or ``tinker``) against one server. Not thread-safe."""
+
+    def __init__(self, sdk: ModuleType, label: str, args: WorkerArgs, bench: str) -> None:
+        self.sdk = sdk
+        self.label = label
+        self.args = args
+        self.size: dict[str, Any] = args.size[bench]
+        self.profiler = Profiler(args.profile)
+        #: tinker_sync takes numpy token arrays zero-copy; the official ModelInput needs lists.
+        self.numpy_tokens = label == "ours"
+        self._service: Any = None
+
+    @property
+    def service(self) -> Any:
+        """The ServiceClient, created on first use (after any server flag change)."""
+        if self._service is None:
+            self._service = self.sdk.ServiceClient(
+                base_url=self.args.url, api_key=self.args.api_key
+            )
+        return self._service
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _sampler(self) -> Any:
+        return _resolve(self.service.create_sampling_client(base_model=BASE_MODEL))
+
+    def _prompt(self, length: int) -> Any:
+        tokens = [(i * 7 + 3) % VOCAB for i in range(length)]
+        return self.sdk.ModelInput.from_ints(tokens)
+
+    def _params(self, max_tokens: int) -> Any:
+        return self.sdk.SamplingParams(max_tokens=max_tokens)
+
+    def _sample_many(self, sampler: Any, prompt: Any, params: Any, n: int) -> list[Any]:
+        return [
+            sampler.sample(prompt=prompt, num_samples=1, sampling_params=params) for _ in range(n)
+        ]
+
+    @staticmethod
+    def _check_sample(response: Any, max_tokens: int) -> None:
+        tokens = list(response.sequences[0].tokens)
+        if not 0 < len(tokens) <= max_tokens:
+            raise AssertionError(f"unexpected sample length {len(tokens)}")
+
+    # -- P1 / P2 ---------------------------------------------------------------------------------
+
+    def bench_sample(self) -> dict[str, Any]:
+        n, max_tokens = int(self.size["n"]), int(self.size["max_tokens"])
+        sampler = self._sampler()
+        prompt, params = self._prompt(int(self.size["prompt"])), self._params(max_tokens)
+
+        def run(count: int) -> tuple[float, float]:
+            cpu0, t0 = cpu_seconds(), time.perf_counter()
+            futures = self._sample_many(sampler, prompt, params, count)
+            results = [f.result() for f in futures]
+            wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+            self._check_sample(results[0], max_tokens)
+            self._check_sample(results[-1], max_tokens)
+            return wall, cpu
+
+        if self.size["warmup"]:
+            run(int(self.size["warmup"]))
+        throughput: list[float] = []
+        cpu_per_sample: list[float] = []
+        threads, usage = ThreadPeak(), Rusage()
+        with threads, usage, self.profiler.section():
+            for _ in range(int(self.size["reps"])):
+                wall, cpu = run(n)
+                throughput.append(n / wall)
+                cpu_per_sample.append(cpu / n)
+        return {
+            "per_sample": usage.result(per=n * int(self.size["reps"])),
+            "samples_per_s": throughput,
+            "cpu_s_per_sample": cpu_per_sample,
+            "peak_rss_mb": peak_rss_mb(),
+            "peak_threads": threads.peak,
+            "thread_groups_at_peak": threads.groups,
+        }
+
+    # -- P3 --------------------------------------------------------------------------------------
+
+    def _datums(self, count: int, length: int) -> list[Any]:
+        sdk = self.sdk
+        rng = np.random.default_rng(0)
+        out = []
+        for _ in range(count):
+            tokens = rng.integers(0, VOCAB, length + 1, dtype=np.int64)
+            inputs: Any = tokens[:-1] if self.numpy_tokens else tokens[:-1].tolist()
+            out.append(
+                sdk.Datum(
+                    model_input=sdk.ModelInput.from_ints(inputs),
+                    loss_fn_inputs={
+                        "target_tokens": sdk.TensorData(
+                            data=tokens[1:].copy(), dtype="int64", shape=[length]
+                        ),
+                        "weights": sdk.TensorData(
+                            data=np.ones(length, np.float32), dtype="float32", shape=[length]
+                        ),
+                    },
+                )
+            )
+        return out
+
+    def bench_train(self) -> dict[str, Any]:
+        training = _resolve(self.service.create_lora_training_client(base_model=BASE_MODEL, rank=8))
+        data = self._datums(int(self.size["datums"]), int(self.size["tokens"]))
+        adam = self.sdk.AdamParams(learning_rate=1e-4)
+
+        def run(steps: int) -> tuple[float, float]:
+            cpu0, t0 = cpu_seconds(), time.perf_counter()
+            pending: tuple[Any, Any] | None = None
+            last: Any = None
+            for _ in range(steps):
+                step = (training.forward_backward(data, "cross_entropy"), training.optim_step(adam))
+                if pending is not None:  # read step k only after step k+1 is submitted
+                    last = pending[0].result()
+                    pending[1].result()
+                pending = step
+            assert pending is not None
+            last = pending[0].result()
+            pending[1].result()
+            wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+            if len(last.loss_fn_outputs) != len(data):
+                raise AssertionError("forward_backward returned the wrong number of outputs")
+            return wall / steps, cpu / steps
+
+        for _ in range(int(self.size["warmup"])):
+            run(2)
+        per_step: list[float] = []
+        cpu_per_step: list[float] = []
+        with self.profiler.section():
+            for _ in range(int(self.size["reps"])):
+                wall, cpu = run(int(self.size["steps"]))
+                per_step.append(wall)
+                cpu_per_step.append(cpu)
+        return {
+            "s_per_step": per_step,
+            "cpu_s_per_step": cpu_per_step,
+            "peak_rss_mb": peak_rss_mb(),
+        }
+
+    # -- P5 / P6 ---------------------------------------------------------------------------------
+
+    def _submit(self, sampler: Any, admin: Admin, n: int) -> tuple[list[Any], float]:
+        """Submit ``n`` small samples; returns the futures once the server has accepted all of
+        them, and how long that took."""
+        base = admin.count("asample")
+        t0 = time.monotonic()
+        futures = self._sample_many(sampler, self._prompt(16), self._params(4), n)
+        wait_until(lambda: admin.count("asample") >= base + n, timeout=600.0, interval=0.05)
+        return futures, time.monotonic() - t0
+
+    def _estimate_submit_s(self, sampler: Any, admin: Admin) -> float:
+        """Warm up with ``warmup`` unheld samples; the time ``n`` submissions should take."""
+        n, k = int(self.size["n"]), max(1, min(int(self.size["n"]), int(self.size["warmup"])))
+        futures, seconds = self._submit(sampler, admin, k)
+        for f in futures:
+            self._check_sample(f.result(), 4)
+        return seconds * n / k
+
+    def _held_round(
+        self, sampler: Any, admin: Admin, est_s: float, windows_s: float, measure: Callable[[], Any]
+    ) -> tuple[Any, float, int]:
+        """Hold every poll, submit ``n`` samples, wait until the server accepted them, settle,
+        run ``measure`` (the windows), release and drain. Returns (measurement, submit seconds,
+        futures completed before the windows ended -- 0 unless the hold was too short)."""
+        size = self.size
+        settle_s = float(size["settle_s"])
+        hold_s = (
+            2.0 * est_s + float(size["slack_s"]) + settle_s + windows_s + float(size["margin_s"])
+        )
+        admin.add_faults([hold_fault(hold_s)])
+        try:
+            futures, submit_s = self._submit(sampler, admin, int(size["n"]))
+            time.sleep(settle_s)
+            value = measure()
+            early = sum(1 for f in futures if f.done())
+        finally:
+            admin.clear_faults()
+        for f in futures:
+            f.result()
+        return value, submit_s, early
+
+    def bench_held(self) -> dict[str, Any]:
+        """``reps`` consecutive CPU windows of ``window_s`` while ``n`` futures wait."""
+        window_s, reps = float(self.size["window_s"]), int(self.size["reps"])
+        admin = Admin(self.args.url, self.args.api_key)
+        sampler = self._sampler()
+        est_s = self._estimate_submit_s(sampler, admin)
+        by_thread: dict[str, float] = {}
+
+        def measure() -> list[float]:
+            out = []
+            with self.profiler.section():
+                for _ in range(reps):
+                    threads0, cpu0 = thread_cpu(), cpu_seconds()
+                    time.sleep(window_s)
+                    used, threads1 = cpu_seconds() - cpu0, thread_cpu()
+                    out.append(used)
+                    for name, sec in cpu_by_thread_group(threads0, threads1, used).items():
+                        by_thread[name] = by_thread.get(name, 0.0) + sec / reps
+            return out
+
+        values, submit_s, early = self._held_round(sampler, admin, est_s, reps * window_s, measure)
+        return {
+            "cpu_s_in_window": values,
+            "cpu_s_by_thread_per_window": by_thread,
+            "window_s": window_s,
+            "submit_s": [submit_s],
+            "submit_estimate_s": est_s,
+            "completed_early": early,
+            "peak_rss_mb": peak_rss_mb(),
+        }
+
+    def bench_poller(self) -> dict[str, Any]:
+        """Peak threads over ``reps`` rounds (submission, hold, drain), session futures poller
+        on: turns the server flag ``sample_use_retrieve_futures`` on for this worker's clients
+        and off again afterwards."""
+        window_s = float(self.size["window_s"])
+        admin = Admin(self.args.url, self.args.api_key)
+        admin.set_client_config(sample_use_retrieve_futures=True)
+        monitors: list[ThreadPeak] = []
+        submits: list[float] = []
+        early = 0
+        try:
+            sampler = self._sampler()
+            est_s = self._estimate_submit_s(sampler, admin)
+            baseline = os_threads()
+            for _ in range(int(self.size["reps"])):
+                with ThreadPeak() as monitor:
+                    _, submit_s, done = self._held_round(
+                        sampler, admin, est_s, window_s, lambda: time.sleep(window_s)
+                    )
+                monitors.append(monitor)
+                submits.append(submit_s)
+                early += done
+                est_s = max(submits)
+        finally:
+            admin.set_client_config(sample_use_retrieve_futures=False)
+        worst = max(monitors, key=lambda m: m.peak)
+        return {
+            "peak_threads": [float(m.peak) for m in monitors],
+            "thread_groups_at_peak": worst.groups,
+            "threads_before": baseline,
+            "submit_s": submits,
+            "completed_early": early,
+            "peak_rss_mb": peak_rss_mb(),
+        }
+
+    # -- P7 --------------------------------------------------------------------------------------
+
+    def bench_latency(self) -> dict[str, Any]:
+        max_tokens = int(self.size["max_tokens"])
+        sampler = self._sampler()
+        prompt, params = self._prompt(int(self.size["prompt"])), self._params(max_tokens)
+
+        def run(count: int) -> list[float]:
+            out = []
+            for _ in range(count):
+                t0 = time.perf_counter()
+                response = sampler.sample(
+                    prompt=prompt, num_samples=1, sampling_params=params
+                ).result()
+                out.append(time.perf_counter() - t0)
+            self._check_sample(response, max_tokens)
+            return out
+
+        if self.size["warmup"]:
+            run(int(self.size["warmup"]))
+        p50: list[float] = []
+        every: list[float] = []
+        with self.profiler.section():
+            for _ in range(int(self.size["reps"])):
+                lat = run(int(self.size["n"]))
+                every.extend(lat)
+                p50.append(percentile(lat, 0.5) * 1e3)
+        return {"p50_ms": p50, "p90_ms_all": percentile(every, 0.9) * 1e3}
+
+
+BENCHES = ("sample", "train", "held", "poller", "latency")
+
+
+def main(sdk: ModuleType, label: str, args: WorkerArgs) -> None:
+    """Run each bench of ``args.bench`` (comma-separated) with ``sdk``; print the result line
+    ``{"sdk": label, "benches": {bench: metrics}}``."""
+    names = args.bench.split(",")
+    unknown = [name for name in names if name not in BENCHES]
+    if unknown:
+        raise SystemExit(f"unknown bench {unknown!r}; known: {BENCHES}")
+    results: dict[str, Any] = {}
+    for name in names:
+        bench = SdkBench(sdk, label, args, name)
+        results[name] = getattr(bench, f"bench_{name}")()
+        bench.profiler.save()
+    finish({"sdk": label, "benches": results})

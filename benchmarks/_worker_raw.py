@@ -1,0 +1,392 @@
+"""Raw-HTTP baseline ("limit"): the protocol's round trips over urllib3, no SDK.
+
+Usage: ``python _worker_raw.py BENCH[,BENCH...] --url U --key K --size JSON``; prints one JSON
+line ``{"sdk": "raw", "benches": {bench: metrics}}``.
+
+Exactly the requests a client needs and nothing else: ``client/config`` and ``create_session``
+once; ``create_sampling_session`` (sampling) or ``create_model`` + its future (training); then
+``asample`` / ``forward_backward`` (protobuf) / ``optim_step`` and ``retrieve_future`` long polls
+until a result. Results are parsed (protobuf via the generated module, JSON via ``json``) but no
+result objects are built. No retries, no heartbeats, no telemetry, no validation.
+
+Benches: ``sample`` (a pool of worker threads, each: asample then poll; the best thread count of
+a short warm-up sweep is used), ``latency`` (sequential on one keep-alive connection) and
+``train`` (pipelined fwd/bwd + optim_step: submissions on the main thread, each step's two
+results long-polled by two helper threads on their own connections).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import urllib3
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from _common import (  # noqa: E402
+    BASE_MODEL,
+    VOCAB,
+    Rusage,
+    WorkerArgs,
+    cpu_seconds,
+    finish,
+    parse_worker_args,
+    peak_rss_mb,
+    percentile,
+)
+
+# The generated protobuf module only (no tinker_sync client code runs).
+from tinker_sync._wire import tinker_public_pb2 as pb  # noqa: E402
+
+PROTO = "application/x-protobuf"
+#: Thread counts tried for the sampling throughput limit (the best one is reported).
+SWEEP = (8, 16, 32, 64)
+
+
+class RawClient:
+    """A urllib3 connection pool speaking the protocol's JSON / protobuf round trips.
+
+    Thread safety: any thread (urllib3 pools are thread-safe). Fork safety: none needed.
+    """
+
+    def __init__(self, url: str, api_key: str, maxsize: int = 1) -> None:
+        parts = urlsplit(url)
+        self.pool = urllib3.HTTPConnectionPool(
+            parts.hostname or "127.0.0.1",
+            parts.port or 80,
+            maxsize=maxsize,
+            block=True,
+            retries=False,
+            timeout=urllib3.Timeout(connect=10.0, read=60.0),
+        )
+        self.json_headers = {"X-API-Key": api_key, "Content-Type": "application/json"}
+        self.proto_headers = {"X-API-Key": api_key, "Content-Type": PROTO}
+        self.poll_headers = {**self.json_headers, "Accept": f"{PROTO}, application/json"}
+        self.session_id = ""
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = self.pool.request(
+            "POST", path, body=json.dumps(body).encode(), headers=self.json_headers
+        )
+        if r.status != 200:
+            raise RuntimeError(f"{path}: HTTP {r.status} {r.data[:200]!r}")
+        out: dict[str, Any] = json.loads(r.data)
+        return out
+
+    def post_proto(self, path: str, body: bytes) -> dict[str, Any]:
+        r = self.pool.request("POST", path, body=body, headers=self.proto_headers)
+        if r.status != 200:
+            raise RuntimeError(f"{path}: HTTP {r.status} {r.data[:200]!r}")
+        out: dict[str, Any] = json.loads(r.data)
+        return out
+
+    def wait(self, request_id: str) -> bytes | dict[str, Any]:
+        """Long-poll ``retrieve_future`` until the result: protobuf bytes or a JSON object."""
+        allow_metadata = True
+        while True:
+            r = self.pool.request(
+                "POST",
+                "/api/v1/retrieve_future",
+                body=json.dumps(
+                    {"request_id": request_id, "allow_metadata_only": allow_metadata}
+                ).encode(),
+                headers=self.poll_headers,
+            )
+            if r.status == 408 or r.status >= 500:
+                continue
+            if r.status != 200:
+                raise RuntimeError(f"retrieve_future: HTTP {r.status} {r.data[:200]!r}")
+            if PROTO in r.headers.get("content-type", ""):
+                return bytes(r.data)
+            body: dict[str, Any] = json.loads(r.data)
+            if body.get("type") == "try_again":
+                continue
+            if body.get("status") == "complete_metadata":
+                allow_metadata = False
+                continue
+            if "error" in body:
+                raise RuntimeError(f"future failed: {body}")
+            return body
+
+    def start_session(self) -> None:
+        self.post("/api/v1/client/config", {"sdk_version": "0.38.0"})
+        self.session_id = self.post(
+            "/api/v1/create_session",
+            {"tags": [], "user_metadata": {}, "sdk_version": "0.38.0", "type": "create_session"},
+        )["session_id"]
+
+    def sampling_session(self, seq: int = 0) -> str:
+        return str(
+            self.post(
+                "/api/v1/create_sampling_session",
+                {
+                    "session_id": self.session_id,
+                    "sampling_session_seq_id": seq,
+                    "base_model": BASE_MODEL,
+                    "type": "create_sampling_session",
+                },
+            )["sampling_session_id"]
+        )
+
+
+def _sample_body(sampler: str, seq_id: int, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    return {
+        "sampling_session_id": sampler,
+        "seq_id": seq_id,
+        "num_samples": 1,
+        "prompt": {"chunks": [{"tokens": prompt, "type": "encoded_text"}]},
+        "sampling_params": {"max_tokens": max_tokens},
+        "prompt_logprobs": False,
+        "topk_prompt_logprobs": 0,
+        "topk_sample_logprobs": 0,
+        "prompt_alt_tokens_k": 0,
+        "record_stability_info": False,
+        "type": "sample",
+    }
+
+
+def _one_sample(
+    client: RawClient, sampler: str, seq_id: int, prompt: list[int], max_tokens: int
+) -> int:
+    future = client.post("/api/v1/asample", _sample_body(sampler, seq_id, prompt, max_tokens))
+    payload = client.wait(future["request_id"])
+    if not isinstance(payload, bytes):
+        raise RuntimeError(f"expected a protobuf SampleResponse, got {payload}")
+    msg = pb.SampleResponse()
+    msg.ParseFromString(payload)
+    return len(np.frombuffer(msg.sequences[0].tokens, np.int32))
+
+
+def _prompt(length: int) -> list[int]:
+    return [(i * 7 + 3) % VOCAB for i in range(length)]
+
+
+class RawBench:
+    """The raw benches against one server. Not thread-safe (each bench drives its own threads)."""
+
+    def __init__(self, args: WorkerArgs, bench: str) -> None:
+        self.args = args
+        self.size: dict[str, Any] = args.size[bench]
+
+    # -- P1 / P2 -------------------------------------------------------------------------------
+
+    def _throughput(self, threads: int, n: int) -> tuple[float, float]:
+        """``n`` samples through ``threads`` threads; returns (wall s, cpu s)."""
+        client = RawClient(self.args.url, self.args.api_key, maxsize=threads)
+        client.start_session()
+        sampler = client.sampling_session()
+        prompt, max_tokens = _prompt(int(self.size["prompt"])), int(self.size["max_tokens"])
+        counter = itertools.count()
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                while (i := next(counter)) < n:
+                    if _one_sample(client, sampler, i, prompt, max_tokens) == 0:
+                        raise RuntimeError("empty sample")
+            except BaseException as exc:
+                errors.append(exc)
+
+        pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+        client.pool.close()
+        if errors:
+            raise errors[0]
+        return wall, cpu
+
+    def bench_sample(self) -> dict[str, Any]:
+        n = int(self.size["n"])
+        warmup = int(self.size["warmup"])
+        best, sweep = SWEEP[1], {}
+        if warmup:
+            for threads in SWEEP:
+                wall, _ = self._throughput(threads, warmup)
+                sweep[threads] = warmup / wall
+            best = max(sweep, key=lambda k: sweep[k])
+        throughput: list[float] = []
+        cpu_per_sample: list[float] = []
+        with Rusage() as usage:
+            for _ in range(int(self.size["reps"])):
+                wall, cpu = self._throughput(best, n)
+                throughput.append(n / wall)
+                cpu_per_sample.append(cpu / n)
+        return {
+            "per_sample": usage.result(per=n * int(self.size["reps"])),
+            "samples_per_s": throughput,
+            "cpu_s_per_sample": cpu_per_sample,
+            "threads": best,
+            "sweep_samples_per_s": {str(k): v for k, v in sweep.items()},
+            "peak_rss_mb": peak_rss_mb(),
+        }
+
+    # -- P7 --------------------------------------------------------------------------------------
+
+    def bench_latency(self) -> dict[str, Any]:
+        client = RawClient(self.args.url, self.args.api_key)
+        client.start_session()
+        sampler = client.sampling_session()
+        prompt, max_tokens = _prompt(int(self.size["prompt"])), int(self.size["max_tokens"])
+        seq = itertools.count()
+
+        def run(count: int) -> list[float]:
+            out = []
+            for _ in range(count):
+                t0 = time.perf_counter()
+                _one_sample(client, sampler, next(seq), prompt, max_tokens)
+                out.append(time.perf_counter() - t0)
+            return out
+
+        if self.size["warmup"]:
+            run(int(self.size["warmup"]))
+        p50: list[float] = []
+        every: list[float] = []
+        for _ in range(int(self.size["reps"])):
+            lat = run(int(self.size["n"]))
+            every.extend(lat)
+            p50.append(percentile(lat, 0.5) * 1e3)
+        return {"p50_ms": p50, "p90_ms_all": percentile(every, 0.9) * 1e3}
+
+    # -- P3 --------------------------------------------------------------------------------------
+
+    def bench_train(self) -> dict[str, Any]:
+        client = RawClient(self.args.url, self.args.api_key, maxsize=3)
+        client.start_session()
+        created = client.post(
+            "/api/v1/create_model",
+            {
+                "session_id": client.session_id,
+                "model_seq_id": 0,
+                "base_model": BASE_MODEL,
+                "lora_config": {
+                    "rank": 8,
+                    "train_unembed": True,
+                    "train_mlp": True,
+                    "train_attn": True,
+                },
+                "optimizer_config": {"type": "adamw"},
+                "type": "create_model",
+            },
+        )
+        result = client.wait(created["request_id"])
+        assert isinstance(result, dict)
+        model_id = str(result["model_id"])
+        datums, length = int(self.size["datums"]), int(self.size["tokens"])
+        rng = np.random.default_rng(0)
+        rows = [rng.integers(0, VOCAB, length + 1, dtype=np.int64) for _ in range(datums)]
+        inputs = [r[:-1].astype(np.int32) for r in rows]
+        targets = [r[1:].copy() for r in rows]
+        weights = [np.ones(length, np.float32) for _ in range(datums)]
+        seq = itertools.count(1)
+        adam = {
+            "learning_rate": 1e-4,
+            "beta1": 0.9,
+            "beta2": 0.95,
+            "eps": 1e-12,
+            "weight_decay": 0.0,
+            "grad_clip_norm": 0.0,
+        }
+
+        def fwdbwd() -> str:
+            msg = pb.ForwardBackwardRequest(
+                model_id=model_id, seq_id=next(seq), loss_fn="cross_entropy"
+            )
+            for tokens, target, weight in zip(inputs, targets, weights, strict=True):
+                datum = msg.data.add()
+                datum.model_input.add().encoded_text.tokens = tokens.tobytes()
+                t = datum.loss_fn_inputs["target_tokens"]
+                t.dense = target.tobytes()
+                t.dtype = pb.DTYPE_INT64
+                t.shape.append(length)
+                w = datum.loss_fn_inputs["weights"]
+                w.dense = weight.tobytes()
+                w.dtype = pb.DTYPE_FLOAT32
+                w.shape.append(length)
+            return str(
+                client.post_proto("/api/v1/forward_backward", msg.SerializeToString())["request_id"]
+            )
+
+        def optim() -> str:
+            body = {
+                "model_id": model_id,
+                "seq_id": next(seq),
+                "type": "optim_step",
+                "adam_params": adam,
+            }
+            return str(client.post("/api/v1/optim_step", body)["request_id"])
+
+        def outputs(request_id: str) -> int:
+            payload = client.wait(request_id)
+            assert isinstance(payload, bytes)
+            out = pb.ForwardBackwardOutput()
+            out.ParseFromString(payload)
+            # Outputs come batched: one record per field group, datums delimited by offsets.
+            return sum(
+                len(np.frombuffer(record.fields["logprobs"].offsets, np.int64)) - 1
+                for record in out.loss_fn_outputs
+            )
+
+        # Results are polled on other connections while the next step is submitted.
+        waiters = ThreadPoolExecutor(max_workers=2)
+
+        def run(steps: int) -> tuple[float, float]:
+            cpu0, t0 = cpu_seconds(), time.perf_counter()
+            pending: tuple[Future[int], Future[Any]] | None = None
+            for _ in range(steps):
+                fb, opt = fwdbwd(), optim()
+                step = (waiters.submit(outputs, fb), waiters.submit(client.wait, opt))
+                if pending is not None:
+                    pending[0].result()
+                    pending[1].result()
+                pending = step
+            assert pending is not None
+            if pending[0].result() != datums:
+                raise AssertionError("forward_backward returned the wrong number of outputs")
+            pending[1].result()
+            wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+            return wall / steps, cpu / steps
+
+        for _ in range(int(self.size["warmup"])):
+            run(2)
+        per_step: list[float] = []
+        cpu_per_step: list[float] = []
+        for _ in range(int(self.size["reps"])):
+            wall, cpu = run(int(self.size["steps"]))
+            per_step.append(wall)
+            cpu_per_step.append(cpu)
+        return {
+            "s_per_step": per_step,
+            "cpu_s_per_step": cpu_per_step,
+            "peak_rss_mb": peak_rss_mb(),
+        }
+
+
+BENCHES = ("sample", "latency", "train")
+
+
+def main() -> None:
+    args = parse_worker_args()
+    names = args.bench.split(",")
+    unknown = [name for name in names if name not in BENCHES]
+    if unknown:
+        raise SystemExit(f"unknown bench {unknown!r}; known: {BENCHES}")
+    results = {name: getattr(RawBench(args, name), f"bench_{name}")() for name in names}
+    finish({"sdk": "raw", "benches": results})
+
+
+if __name__ == "__main__":
+    main()

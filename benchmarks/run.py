@@ -1,0 +1,636 @@
+"""Run every benchmark row of tinker_sync against the official SDK and a raw-HTTP limit.
+
+Usage::
+
+    python benchmarks/run.py                  # full sizes (5+ repetitions; ~20-30 minutes)
+    python benchmarks/run.py --quick          # smaller sizes, 3+ repetitions, < 10 minutes
+    python benchmarks/run.py --smoke          # toy sizes, 1 repetition (the smoke test)
+    python benchmarks/run.py --quick --only P1,P7 --out /tmp/r.json
+    python benchmarks/run.py --quick --profile-missed   # + a CPU profile of ours per missed row
+
+One process tree: a ``LocalServer(backend="instant", in_subprocess=True)`` in its own process;
+per benchmark a worker process for tinker_sync (``_worker_ours.py``), one for the official SDK
+(``_worker_official.py``) and one for the raw-HTTP baseline (``_worker_raw.py``, urllib3 doing
+exactly the protocol's round trips), all against that same server; P4 runs bench_codec's three
+encoders round-robin in one process (``_worker_codec.py``); P8 times imports in fresh
+interpreters. Each worker warms up, then runs the repetitions and prints one JSON line.
+
+Rows (ratio = ours / official unless said; goals from issue 7):
+
+==  ==========================================================  ==================================
+P1  sample throughput, n concurrent sample() calls               ratio >= 2.0, ours >= 0.7 x limit
+P2  client CPU-s per sample in P1                                ratio <= 0.5
+P3  pipelined training step wall time (fwd/bwd + optim_step)     ratio <= 1.0
+P4  encoding a forward_backward (chunking + serialization)       ratio <= 1.0, ours <= 2 x raw
+P5  client CPU-s while n futures wait on held polls              <= 0.05 per 10 s, <= official
+P6  peak threads with n pending samples, session poller on       <= 64
+P7  single-sample latency p50 (sequential)                       ours / limit <= 1.2
+P8  ``import tinker_sync`` wall time (fresh interpreter)         ratio <= 0.5 vs ``import tinker``
+==  ==========================================================  ==================================
+
+Plus peak RSS of the P1 and P6 workers (no goal). Output: a table on stdout and JSON (``--out``,
+default ``benchmarks/results/<mode>.json``): ``{"rows": [{"id", "name", "unit", "ours",
+"official", "limit", "ratio", "goal", "met", "spread", "detail"}], "machine": {...}, ...}``;
+values are medians over the repetitions, ``spread`` holds min / max / quartiles per column.
+Exit status: 0 when every row produced numbers (goals missed or not), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from _common import (  # noqa: E402
+    BENCH_DIR,
+    ROOT,
+    SIZES,
+    TELEMETRY,
+    machine_info,
+    spread,
+    subprocess_env,
+)
+
+WORKERS = {
+    "ours": BENCH_DIR / "_worker_ours.py",
+    "official": BENCH_DIR / "_worker_official.py",
+    "raw": BENCH_DIR / "_worker_raw.py",
+    "codec": BENCH_DIR / "_worker_codec.py",
+}
+#: Which workers run each bench (``import`` runs in this process, timing fresh interpreters).
+BENCH_WORKERS: dict[str, tuple[str, ...]] = {
+    "sample": ("ours", "official", "raw"),
+    "train": ("ours", "official", "raw"),
+    "codec": ("codec",),
+    "held": ("ours", "official"),
+    "poller": ("ours", "official"),
+    "latency": ("ours", "official", "raw"),
+    "import": (),
+}
+#: Seconds a worker may run before it is killed, per mode.
+WORKER_TIMEOUT = {"full": 1800.0, "quick": 600.0, "smoke": 180.0}
+
+
+# ---------------------------------------------------------------------------------- rows
+
+
+Values = dict[str, list[float] | None]  # column ("ours" / "official" / "limit") -> repetitions
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: where its numbers come from and how its goal is judged."""
+
+    id: str
+    name: str
+    unit: str
+    bench: str
+    #: (column, worker, metric) for each column that has numbers.
+    sources: tuple[tuple[str, str, str], ...]
+    goal: str | None
+    #: ratio = ours / official, or ours / limit.
+    ratio_of: str = "official"
+    scale: float = 1.0
+    judge: Callable[[dict[str, float | None], float | None, dict[str, Any]], bool] | None = None
+    #: (key, worker, metric, scale): extra numbers for the JSON ``detail`` (lists -> median).
+    detail: tuple[tuple[str, str, str, float], ...] = field(default_factory=tuple)
+
+
+def _le(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and a <= b
+
+
+def _ge(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and a >= b
+
+
+def _p5_budget(size: dict[str, Any]) -> float:
+    """The P5 absolute goal: 0.05 CPU-s per 10 s window (scaled for shorter smoke windows)."""
+    return 0.05 * float(size["held"]["window_s"]) / 10.0
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "P1",
+        "sample throughput (concurrent sample())",
+        "samples/s",
+        "sample",
+        (
+            ("ours", "ours", "samples_per_s"),
+            ("official", "official", "samples_per_s"),
+            ("limit", "raw", "samples_per_s"),
+        ),
+        "ratio >= 2.0 and ours >= 0.7 x limit",
+        judge=lambda m, r, s: (
+            _ge(r, 2.0) and m["limit"] is not None and _ge(m["ours"], 0.7 * m["limit"])
+        ),
+        detail=(
+            ("ours_peak_threads", "ours", "peak_threads", 1.0),
+            ("official_peak_threads", "official", "peak_threads", 1.0),
+            ("ours_threads_at_peak", "ours", "thread_groups_at_peak", 1.0),
+            ("raw_threads", "raw", "threads", 1.0),
+            ("raw_sweep", "raw", "sweep_samples_per_s", 1.0),
+        ),
+    ),
+    Row(
+        "P2",
+        "client CPU per sample (P1)",
+        "CPU-ms/sample",
+        "sample",
+        (
+            ("ours", "ours", "cpu_s_per_sample"),
+            ("official", "official", "cpu_s_per_sample"),
+            ("limit", "raw", "cpu_s_per_sample"),
+        ),
+        "ratio <= 0.5",
+        scale=1e3,
+        judge=lambda m, r, s: _le(r, 0.5),
+        detail=(
+            ("ours_per_sample", "ours", "per_sample", 1.0),
+            ("official_per_sample", "official", "per_sample", 1.0),
+            ("limit_per_sample", "raw", "per_sample", 1.0),
+        ),
+    ),
+    Row(
+        "P3",
+        "pipelined train step (fwd/bwd + optim_step)",
+        "ms/step",
+        "train",
+        (
+            ("ours", "ours", "s_per_step"),
+            ("official", "official", "s_per_step"),
+            ("limit", "raw", "s_per_step"),
+        ),
+        "ratio <= 1.0",
+        scale=1e3,
+        judge=lambda m, r, s: _le(r, 1.0),
+        detail=(
+            ("ours_cpu_ms_per_step", "ours", "cpu_s_per_step", 1e3),
+            ("official_cpu_ms_per_step", "official", "cpu_s_per_step", 1e3),
+        ),
+    ),
+    Row(
+        "P4",
+        "encode forward_backward (chunk + serialize)",
+        "ms",
+        "codec",
+        (
+            ("ours", "codec", "ours"),
+            ("official", "codec", "official"),
+            ("limit", "codec", "raw"),
+        ),
+        "ratio <= 1.0 and ours <= 2 x raw",
+        scale=1e3,
+        judge=lambda m, r, s: (
+            _le(r, 1.0) and m["limit"] is not None and _le(m["ours"], 2.0 * m["limit"])
+        ),
+        detail=(("chunks", "codec", "chunks", 1.0),),
+    ),
+    Row(
+        "P5",
+        "client CPU while futures wait on held polls",
+        "CPU-s/window",
+        "held",
+        (
+            ("ours", "ours", "cpu_s_in_window"),
+            ("official", "official", "cpu_s_in_window"),
+        ),
+        "ours <= 0.05 CPU-s per 10 s and ours <= official",
+        judge=lambda m, r, s: _le(m["ours"], _p5_budget(s)) and _le(m["ours"], m["official"]),
+        detail=(
+            ("window_s", "ours", "window_s", 1.0),
+            ("ours_completed_early", "ours", "completed_early", 1.0),
+            ("official_completed_early", "official", "completed_early", 1.0),
+            ("ours_cpu_by_thread", "ours", "cpu_s_by_thread_per_window", 1.0),
+            ("official_cpu_by_thread", "official", "cpu_s_by_thread_per_window", 1.0),
+        ),
+    ),
+    Row(
+        "P6",
+        "peak threads, pending samples, poller on",
+        "threads",
+        "poller",
+        (
+            ("ours", "ours", "peak_threads"),
+            ("official", "official", "peak_threads"),
+        ),
+        "ours <= 64",
+        judge=lambda m, r, s: _le(m["ours"], 64.0),
+        detail=(
+            ("ours_threads_before", "ours", "threads_before", 1.0),
+            ("ours_threads_at_peak", "ours", "thread_groups_at_peak", 1.0),
+            ("official_threads_at_peak", "official", "thread_groups_at_peak", 1.0),
+            ("ours_completed_early", "ours", "completed_early", 1.0),
+        ),
+    ),
+    Row(
+        "P7",
+        "single-sample latency p50 (sequential)",
+        "ms",
+        "latency",
+        (
+            ("ours", "ours", "p50_ms"),
+            ("official", "official", "p50_ms"),
+            ("limit", "raw", "p50_ms"),
+        ),
+        "ours / limit <= 1.2",
+        ratio_of="limit",
+        judge=lambda m, r, s: _le(r, 1.2),
+        detail=(
+            ("ours_p90_ms", "ours", "p90_ms_all", 1.0),
+            ("official_p90_ms", "official", "p90_ms_all", 1.0),
+            ("limit_p90_ms", "raw", "p90_ms_all", 1.0),
+        ),
+    ),
+    Row(
+        "P8",
+        "import wall time (fresh interpreter)",
+        "ms",
+        "import",
+        (("ours", "import", "ours"), ("official", "import", "official")),
+        "ratio <= 0.5",
+        scale=1e3,
+        judge=lambda m, r, s: _le(r, 0.5),
+        detail=(("ours_with_ServiceClient_ms", "import", "ours_with_client", 1e3),),
+    ),
+    Row(
+        "P1-RSS",
+        "peak RSS of the P1 worker",
+        "MiB",
+        "sample",
+        (
+            ("ours", "ours", "peak_rss_mb"),
+            ("official", "official", "peak_rss_mb"),
+            ("limit", "raw", "peak_rss_mb"),
+        ),
+        None,
+    ),
+    Row(
+        "P6-RSS",
+        "peak RSS of the P6 worker",
+        "MiB",
+        "poller",
+        (("ours", "ours", "peak_rss_mb"), ("official", "official", "peak_rss_mb")),
+        None,
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------- workers
+
+
+class WorkerError(RuntimeError):
+    """A worker failed or printed no result line."""
+
+
+def run_worker(
+    worker: str,
+    benches: list[str],
+    sizes: dict[str, Any],
+    url: str,
+    api_key: str,
+    timeout: float,
+    prefix: list[str] | None = None,
+    profile: str | None = None,
+) -> dict[str, Any]:
+    """Run one worker process; returns its ``benches`` mapping (bench -> metrics)."""
+    cmd = [
+        *(prefix or []),
+        sys.executable,
+        str(WORKERS[worker]),
+        ",".join(benches),
+        "--url",
+        url,
+        "--key",
+        api_key,
+        "--size",
+        json.dumps({b: sizes[b] for b in benches}),
+    ]
+    if profile:
+        cmd += ["--profile", profile]
+    try:
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=subprocess_env(),
+            cwd=str(ROOT),
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise WorkerError(f"{worker} {benches}: timed out after {timeout:.0f} s") from exc
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise WorkerError(f"{worker} {benches}: exit {proc.returncode}\n{tail}")
+    result: dict[str, Any] = json.loads(lines[-1])["benches"]
+    return result
+
+
+IMPORT_SNIPPETS = {
+    "ours": "import tinker_sync",
+    "official": "import tinker",
+    "ours_with_client": "import tinker_sync; tinker_sync.ServiceClient",
+}
+
+
+def bench_import(size: dict[str, Any]) -> dict[str, Any]:
+    """Wall time of each import statement in a fresh interpreter, timed inside it (so the
+    interpreter's own start-up is excluded), round-robin over the snippets."""
+    out: dict[str, list[float]] = {label: [] for label in IMPORT_SNIPPETS}
+    for i in range(int(size["warmup"]) + int(size["reps"])):
+        for label, stmt in IMPORT_SNIPPETS.items():
+            code = (
+                "import time; t0 = time.perf_counter(); "
+                f"{stmt}; print(repr(time.perf_counter() - t0))"
+            )
+            proc = subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                env=subprocess_env(),
+                cwd="/",
+                timeout=300,
+                check=False,
+            )
+            if proc.returncode != 0:
+                raise WorkerError(f"import {label}: {proc.stderr.strip()[-500:]}")
+            if i >= int(size["warmup"]):
+                out[label].append(float(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
+# ---------------------------------------------------------------------------------- run
+
+
+def _needed_benches(rows: list[Row]) -> list[str]:
+    order = ["sample", "train", "codec", "held", "poller", "latency", "import"]
+    wanted = {row.bench for row in rows}
+    return [b for b in order if b in wanted]
+
+
+def collect(
+    benches: list[str],
+    sizes: dict[str, Any],
+    mode: str,
+    log: Callable[[str], None],
+) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
+    """Run the workers; returns ({(bench, worker): metrics}, errors)."""
+    from tinker_sync.local import LocalServer
+
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    errors: list[str] = []
+    timeout = WORKER_TIMEOUT[mode]
+    server_benches = [b for b in benches if b != "import"]
+    if server_benches:
+        with LocalServer(backend="instant", in_subprocess=True) as server:
+            url, key = server.url, server.api_key or "tml-local"
+            log(f"server {url} (pid {server.pid})")
+            if mode == "smoke":
+                # One process per worker for all benches: toy sizes, start-up dominates.
+                plan = [
+                    (worker, [b for b in server_benches if worker in BENCH_WORKERS[b]])
+                    for worker in ("ours", "official", "raw", "codec")
+                ]
+            else:
+                plan = [(w, [b]) for b in server_benches for w in BENCH_WORKERS[b]]
+            for worker, group in plan:
+                if not group:
+                    continue
+                t0 = time.monotonic()
+                try:
+                    got = run_worker(worker, group, sizes, url, key, timeout)
+                except WorkerError as exc:
+                    errors.append(str(exc))
+                    log(f"  {worker:<8} {','.join(group):<28} FAILED: {exc}")
+                    continue
+                for bench, metrics in got.items():
+                    results[(bench, worker)] = metrics
+                log(f"  {worker:<8} {','.join(group):<28} {time.monotonic() - t0:6.1f} s")
+    if "import" in benches:
+        t0 = time.monotonic()
+        try:
+            results[("import", "import")] = bench_import(sizes["import"])
+            log(f"  {'import':<8} {'import':<28} {time.monotonic() - t0:6.1f} s")
+        except WorkerError as exc:
+            errors.append(str(exc))
+    return results, errors
+
+
+def _scaled(values: Any, scale: float) -> list[float] | None:
+    if values is None:
+        return None
+    seq = values if isinstance(values, list) else [values]
+    return [float(v) * scale for v in seq]
+
+
+def build_row(
+    row: Row, results: dict[tuple[str, str], dict[str, Any]], sizes: dict[str, Any]
+) -> dict[str, Any]:
+    """The JSON row: medians, ratio, goal verdict, spreads and detail."""
+    medians: dict[str, float | None] = {"ours": None, "official": None, "limit": None}
+    spreads: dict[str, Any] = {}
+    for column, worker, metric in row.sources:
+        metrics = results.get((row.bench, worker))
+        values = _scaled(None if metrics is None else metrics.get(metric), row.scale)
+        if values:
+            s = spread(values)
+            medians[column] = float(s["median"])
+            spreads[column] = s
+    ours, base = medians["ours"], medians[row.ratio_of]
+    ratio = ours / base if ours is not None and base not in (None, 0.0) else None
+    met: bool | None = None
+    if row.judge is not None and ours is not None:
+        met = bool(row.judge(medians, ratio, sizes))
+    detail: dict[str, Any] = {}
+    for key, worker, metric, scale in row.detail:
+        metrics = results.get((row.bench, worker))
+        if metrics is not None and metric in metrics:
+            detail[key] = _detail_value(metrics[metric], scale)
+    out: dict[str, Any] = {
+        "id": row.id,
+        "name": row.name,
+        "unit": row.unit,
+        **medians,
+        "ratio": ratio,
+        "ratio_of": f"ours/{row.ratio_of}",
+        "goal": row.goal,
+        "met": met,
+        "spread": spreads,
+    }
+    if detail:
+        out["detail"] = detail
+    return out
+
+
+def _detail_value(value: Any, scale: float) -> Any:
+    """Lists of numbers become their (scaled) median; numbers are scaled; others kept."""
+    if isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
+        return spread([float(v) * scale for v in value])["median"]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value) * scale
+    return value
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if magnitude >= 100:
+        return f"{value:,.0f}"
+    if magnitude >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def _fmt_spread(s: dict[str, Any] | None) -> str:
+    if not s or s["n"] < 2:
+        return ""
+    return f"[{_fmt(s['min'])}..{_fmt(s['max'])}]"
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A fixed-width table: medians with [min..max], ratio, goal, verdict."""
+    header = ("id", "row", "unit", "ours", "official", "limit", "ratio", "met", "goal")
+    lines = []
+    body = []
+    for r in rows:
+        verdict = {True: "yes", False: "NO", None: "-"}[r["met"]]
+        cells = [
+            r["id"],
+            r["name"],
+            r["unit"],
+            *(
+                f"{_fmt(r[c])} {_fmt_spread(r['spread'].get(c))}".strip()
+                for c in ("ours", "official", "limit")
+            ),
+            _fmt(r["ratio"]) + ("" if r["ratio_of"] == "ours/official" else " (vs limit)"),
+            verdict,
+            r["goal"] or "",
+        ]
+        body.append(cells)
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=False)]
+    for cells in [list(header), *body]:
+        lines.append(
+            "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+        )
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mode_group = parser.add_mutually_exclusive_group()
+    mode_group.add_argument("--quick", action="store_true", help="smaller sizes, < 10 minutes")
+    mode_group.add_argument("--smoke", action="store_true", help="toy sizes, 1 repetition")
+    parser.add_argument("--out", type=Path, help="JSON output (default results/<mode>.json)")
+    parser.add_argument("--only", help="comma-separated row ids (e.g. P1,P7)")
+    parser.add_argument(
+        "--telemetry",
+        choices=("off", "on"),
+        default="off",
+        help="TINKER_TELEMETRY for both SDKs (default off, as in the test suite)",
+    )
+    parser.add_argument(
+        "--profile-missed",
+        action="store_true",
+        help="profile tinker_sync for every missed row (per-thread cProfile) next to --out",
+    )
+    args = parser.parse_args(argv)
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    TELEMETRY["value"] = "1" if args.telemetry == "on" else "0"
+    sizes = SIZES[mode]
+    rows = list(ROWS)
+    if args.only:
+        wanted = {x.strip().upper() for x in args.only.split(",") if x.strip()}
+        rows = [r for r in rows if r.id.upper() in wanted]
+        if not rows:
+            parser.error(f"--only matched no row; ids: {[r.id for r in ROWS]}")
+    out_path = args.out or BENCH_DIR / "results" / f"{mode}.json"
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    machine = machine_info()
+    log(f"mode {mode}; {machine['cpu']} x{machine['cores']}; load {machine['loadavg_at_start']}")
+    started = time.monotonic()
+    results, errors = collect(_needed_benches(rows), sizes, mode, log)
+    built = [build_row(row, results, sizes) for row in rows]
+    elapsed = time.monotonic() - started
+    print(format_table(built))
+    missed = [r["id"] for r in built if r["met"] is False]
+    print(f"\n{mode} run in {elapsed:.0f} s; rows not met: {', '.join(missed) or 'none'}")
+    for error in errors:
+        print(f"ERROR: {error}")
+    versions = _versions()
+    document = {
+        "mode": mode,
+        "telemetry": args.telemetry,
+        "elapsed_s": elapsed,
+        "sizes": sizes,
+        "rows": built,
+        "machine": {**machine, **versions},
+        "errors": errors,
+    }
+    if args.profile_missed and missed:
+        from _profile import profile_rows
+
+        document["profiles"] = profile_rows(
+            [r for r in ROWS if r.id in missed],
+            sizes,
+            WORKER_TIMEOUT[mode],
+            out_path.parent,
+            run_worker,
+            log,
+        )
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {out_path}")
+    complete = all(
+        built_row[column] is not None
+        for row, built_row in zip(rows, built, strict=True)
+        for column, _, _ in row.sources
+    )
+    return 0 if complete and not errors else 1
+
+
+def _versions() -> dict[str, Any]:
+    code = (
+        "import json, importlib.metadata as m; "
+        "print(json.dumps({p: m.version(p) for p in ('tinker', 'protobuf', 'urllib3')}))"
+    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env=subprocess_env(),
+        )
+        versions: dict[str, Any] = json.loads(proc.stdout)
+    except (subprocess.SubprocessError, ValueError):
+        versions = {}
+    from tinker_sync._version import __version__
+
+    versions["tinker_sync"] = __version__
+    return versions
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
