@@ -208,3 +208,31 @@ def test_interpreter_exit_interrupts_sleeps_in_pool_threads() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "started" in proc.stdout and "exit-callback" in proc.stdout
     assert elapsed < 10.0  # interpreter start-up dominates; without the hook this is 3600 s
+
+
+def test_daemon_threads_wait_without_waking_for_exit_checks() -> None:
+    """SDK workers are daemon threads: a parked waiter must not wake twice a second (B13)."""
+    import threading as _threading
+
+    from tinker_sync._clock import SYSTEM_CLOCK
+
+    cond = _threading.Condition()
+    wakeups = 0
+    original = cond.wait
+
+    def counting_wait(timeout: float | None = None) -> bool:
+        nonlocal wakeups
+        wakeups += 1
+        return original(timeout)
+
+    cond.wait = counting_wait  # type: ignore[method-assign]
+    done = _threading.Event()
+
+    def waiter() -> None:
+        with cond:
+            SYSTEM_CLOCK.wait(cond, 1.6)
+        done.set()
+
+    _threading.Thread(target=waiter, daemon=True).start()
+    assert done.wait(HANG_GUARD_S)
+    assert wakeups == 1  # one full-length wait, not 0.5 s slices

@@ -162,7 +162,16 @@ class SystemClock:
             EXIT_EVENT.wait(seconds)
 
     def wait(self, cond: Waitable, timeout: float | None) -> bool:
-        """Wait on ``cond`` (held Condition, or Event) in slices so that exit is noticed."""
+        """Wait on ``cond`` (held Condition, or Event).
+
+        Daemon threads (every SDK worker) wait the whole timeout: the interpreter never waits
+        for them, and slicing would wake each parked waiter twice a second. Other threads wait
+        in slices so that interpreter exit is noticed (B55).
+        """
+        if EXIT_EVENT.is_set():
+            return bool(cond.wait(0))
+        if threading.current_thread().daemon:
+            return bool(cond.wait(None if timeout is None else max(timeout, 0.0)))
         if timeout is not None and timeout <= _EXIT_SLICE:
             return bool(cond.wait(max(timeout, 0.0)))
         deadline = None if timeout is None else _time.monotonic() + timeout
