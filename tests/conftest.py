@@ -10,6 +10,16 @@ import pytest
 from tinker_sync._ratelimit import reset_limiters
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Full-size variants (minutes each) run only on request; their reduced twins always run."""
+    if os.environ.get("TINKER_SYNC_FULL") == "1":
+        return
+    skip = pytest.mark.skip(reason="full-size variant: set TINKER_SYNC_FULL=1 to run it")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No test sees the developer's Tinker credentials or telemetry settings."""

@@ -154,3 +154,97 @@ def test_cancelled_waiter_sends_nothing_and_restores_permits():
     after = limiter.snapshot()
     assert (after["count"], after["backed_off_count"]) == (400, 10)
     assert after["sample_bytes"] == limiter._budgets()[0].size
+
+
+def test_same_tenant_spelled_differently_shares_one_limiter():
+    """T-B2 (B11): ``https://EXAMPLE.com:443/`` and ``https://example.com`` are one tenant."""
+    import tinker_sync
+
+    clock = FakeClock()
+    spelled = [
+        tinker_sync.ServiceClient(base_url=url, api_key=key)
+        for url, key in (
+            ("https://EXAMPLE.com:443/", "tml-one"),
+            ("https://example.com", "tml-one"),
+            ("HTTPS://example.COM/", "tml-one"),
+            ("https://example.com", "tml-two"),
+            ("https://example.org", "tml-one"),
+        )
+    ]
+    limiters = [
+        limiter_for(c._config.normalized_base_url, c._config.credentials.identity, clock)
+        for c in spelled
+    ]
+    assert limiters[0] is limiters[1] is limiters[2]
+    assert limiters[3] is not limiters[0] and limiters[4] is not limiters[0]
+    assert "tml-one" not in repr(limiters[0].key)  # the identity is a hash
+    limiters[0].set_backoff(0.75, "429")
+    assert limiters[1].backoff_until == 0.75 and limiters[3].backoff_until == float("-inf")
+
+
+def test_stopping_a_gate_waiter_leaves_the_gates_intact():
+    """B12/B13: a waiter blocked on the count gate stops on request and takes nothing."""
+    import contextlib
+
+    clock = SystemClock()
+    limiter = limiter_for("https://x", "k", clock)
+    stop = threading.Event()
+    outcome: list[BaseException] = []
+    waiting = threading.Event()
+
+    def should_stop() -> BaseException | None:
+        waiting.set()
+        return RuntimeError("closed") if stop.is_set() else None
+
+    with contextlib.ExitStack() as stack:
+        for _ in range(400):
+            stack.enter_context(limiter.dispatch(1, lambda: None))
+        assert limiter.snapshot()["count"] == 0
+
+        def blocked() -> None:
+            try:
+                with limiter.dispatch(1, should_stop):
+                    pass
+            except Stopped as exc:
+                outcome.append(exc.exc)
+
+        t = threading.Thread(target=blocked)
+        t.start()
+        assert waiting.wait(HANG)
+        stop.set()
+        limiter.wake()
+        t.join(HANG)
+        assert isinstance(outcome[0], RuntimeError)
+        assert limiter.snapshot()["count"] == 0
+    snap = limiter.snapshot()
+    assert snap["count"] == 400 and snap["sample_bytes"] == limiter._budgets()[0].size
+
+
+def test_response_and_fwdbwd_budgets_admit_while_non_negative():
+    """B21/B27: one oversized reservation is admitted; the next waits for a release."""
+    clock = FakeClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.configure(
+        sample_dispatch_bytes=10 * MiB,
+        fwdbwd_dispatch_bytes=50_000_000,
+        inflight_response_bytes=50 * MiB,
+    )
+    limiter.reserve_response_bytes(80 * MiB, lambda: None)  # admitted: budget was >= 0
+    assert limiter.snapshot()["response_bytes"] == -30 * MiB
+    admitted = threading.Event()
+
+    def second() -> None:
+        limiter.reserve_response_bytes(MiB, lambda: None)
+        admitted.set()
+
+    t = threading.Thread(target=second)
+    t.start()
+    assert not admitted.wait(0.2)
+    limiter.release_response_bytes(80 * MiB)
+    assert admitted.wait(HANG)
+    t.join(HANG)
+    limiter.release_response_bytes(MiB)
+    assert limiter.snapshot()["response_bytes"] == 50 * MiB
+    with limiter.fwdbwd_bytes(60_000_000):
+        assert limiter.snapshot()["fwdbwd_bytes"] == -10_000_000
+    assert limiter.snapshot()["fwdbwd_bytes"] == 50_000_000

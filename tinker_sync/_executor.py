@@ -1,34 +1,68 @@
-"""Process-wide pools of daemon worker threads, one per role.
+"""Process-wide pools of daemon worker threads by role, bounded lanes and a delay timer.
 
 Usage::
 
-    from tinker_sync._executor import pool
-    pool("sample-poll").submit(fetch_result, future)
+    from tinker_sync._executor import pool, BoundedLane, call_later
+
+    pool("sample-poll").submit(fetch_result, future)       # FIFO, grows lazily
+    lane = BoundedLane("sample-poll", limit=16)             # <= 16 of these jobs at once
+    lane.submit(fetch_payload, request_id)
+    call_later(clock, 2.5, "sample-submit", retry, job)    # no thread sleeps meanwhile
 
 Why not ``ThreadPoolExecutor``: since Python 3.9 its workers are joined at interpreter exit, so a
 45 s long poll in flight would hold a finished script open (B55). These workers are daemon
-threads: they grow lazily up to ``max_workers``, park when idle, and never delay exit. Overflow
-queues FIFO. Jobs must never wait on a job of their own pool (B54).
+threads: they grow lazily up to ``max_workers``, park when idle (and exit after 30 s idle), and
+never delay exit. Overflow queues FIFO. Jobs must never wait on a job of their own pool (B54).
 
-Thread safety: every method may be called from any thread. Fork safety: in a forked child the
-pools are forgotten (their threads did not survive) and rebuilt on first use.
+**Thread inventory (B54).** Threads are named ``tinker_sync-<role>-<n>``. Process-wide pools:
+
+=================  =====  ==============================================================
+role               size   what runs there
+=================  =====  ==============================================================
+``sample-submit``  32     one ``sample()`` dispatch at a time: gates, shared backoff, the
+                          ``asample`` request; released on acceptance. Submissions are
+                          short, so a small pool suffices (a deliberate change from the
+                          400 of B54: the dispatch gate of 400 still bounds them when the
+                          pool is configured larger).
+``sample-poll``    400    per-future long polls of samples (poller off); with the session
+                          futures poller on, only payload fetches, at most 16 per poller
+                          (:class:`BoundedLane`), so pending samples hold no thread.
+``train-submit``   32     parallel forward/backward chunk sends.
+``train-poll``     64     training future polls.
+``rest``           16     RestClient calls and best-effort ``cancel_future`` batches.
+``async``          32     ``*_async`` bridges.
+``timer``          1/clk  delayed jobs (sampling retries), one per clock in use.
+=================  =====  ==============================================================
+
+Per session: heartbeat and timer threads; per sampler with ``sample_use_retrieve_futures``
+on, one ``tinker_sync-futures-poller`` thread (exits when idle); per TrainingClient one sender.
+So 1,000 pending samples through the session poller need about 50 threads in all, and 2,000
+without it at most 400 polling threads plus the submitters. :func:`configure_threads` changes
+the sizes before first use.
+
+Thread safety: every function and method may be called from any thread. Fork safety: in a
+forked child the pools, lanes' counters and timers are forgotten (their threads did not survive)
+and rebuilt on first use.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from tinker_sync._fork import register_after_fork
+from tinker_sync._clock import Clock, exiting
+from tinker_sync._fork import fork_generation, make_lock, register_after_fork
 
 log = logging.getLogger("tinker_sync.executor")
 
 #: Default sizes per role (BEHAVIOR B54); change them with :func:`configure_threads`.
 DEFAULT_SIZES: dict[str, int] = {
-    "sample-submit": 48,
+    "sample-submit": 32,
     "sample-poll": 400,
     "train-submit": 32,
     "train-poll": 64,
@@ -37,9 +71,14 @@ DEFAULT_SIZES: dict[str, int] = {
 }
 _IDLE_EXIT_S = 30.0
 
+Job = tuple[Callable[..., Any], tuple[Any, ...]]
+
 
 class DaemonPool:
-    """A lazily growing pool of daemon threads running ``fn(*args)`` jobs in FIFO order."""
+    """A lazily growing pool of daemon threads running ``fn(*args)`` jobs in FIFO order.
+
+    Thread-safe; not fork-safe by itself (the registry replaces it in a forked child).
+    """
 
     def __init__(self, role: str, max_workers: int) -> None:
         if max_workers < 1:
@@ -47,9 +86,7 @@ class DaemonPool:
         self.role = role
         self.max_workers = max_workers
         self._lock = threading.Lock()
-        self._jobs: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = (
-            collections.deque()
-        )
+        self._jobs: collections.deque[Job] = collections.deque()
         self._wakeup = threading.Condition(self._lock)
         self._threads = 0
         self._idle = 0
@@ -62,7 +99,12 @@ class DaemonPool:
 
     @property
     def peak_threads(self) -> int:
+        """Most worker threads alive at once since creation or :meth:`reset_peak`."""
         return self._peak
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._peak = self._threads
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)``; start a worker if none is idle and the pool is not full."""
@@ -97,9 +139,113 @@ class DaemonPool:
                 log.exception("unhandled error in %s job %r", self.role, fn)
 
 
+class BoundedLane:
+    """Runs jobs on a shared pool with at most ``limit`` of them running at once (FIFO).
+
+    Usage::
+
+        lane = BoundedLane("sample-poll", limit=16)
+        lane.submit(fetch, request_id)
+
+    Up to ``limit`` drain jobs run on ``pool(role)``; each takes queued jobs until the queue is
+    empty, so a burst of 2,000 completions uses 16 threads, not 400.
+    Thread-safe; in a forked child a lane starts empty (queued jobs belonged to the parent).
+    """
+
+    def __init__(self, role: str, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self.role = role
+        self.limit = limit
+        self._lock = make_lock()
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._active = 0
+        self._generation = fork_generation()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        with self._lock:
+            if self._generation != fork_generation():
+                self._jobs.clear()
+                self._active = 0
+                self._generation = fork_generation()
+            self._jobs.append((fn, args))
+            start = self._active < self.limit
+            if start:
+                self._active += 1
+        if start:
+            pool(self.role).submit(self._drain)
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._active -= 1
+                    return
+                fn, args = self._jobs.popleft()
+            try:
+                fn(*args)
+            except BaseException:
+                log.exception("unhandled error in %s lane job %r", self.role, fn)
+
+
+class _Timer:
+    """One daemon thread per clock that submits delayed jobs to a pool when they fall due.
+
+    Due times are on the given clock (a FakeClock makes them pass at once, in order); an empty
+    timer parks on real time and its thread exits after 30 s idle. Thread-safe.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, str, Job]] = []
+        self._seq = itertools.count()
+        self._running = False
+
+    def call_later(self, delay: float, role: str, fn: Callable[..., Any], *args: Any) -> None:
+        due = self.clock.monotonic() + max(0.0, delay)
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._seq), role, (fn, args)))
+            self._cond.notify()
+            if not self._running:
+                self._running = True
+                threading.Thread(
+                    target=self._run, name=f"tinker_sync-timer-{next(_timer_names)}", daemon=True
+                ).start()
+
+    def _run(self) -> None:
+        while True:
+            ready: list[tuple[str, Job]] = []
+            with self._cond:
+                if not self._heap:
+                    self._cond.wait(_IDLE_EXIT_S)  # real time: an idle timer moves no clock
+                    if not self._heap:
+                        self._running = False
+                        return
+                    continue
+                now = self.clock.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    _, _, role, job = heapq.heappop(self._heap)
+                    ready.append((role, job))
+                if not ready:
+                    if exiting():
+                        self._running = False
+                        return
+                    self.clock.wait(self._cond, self._heap[0][0] - now)
+                    continue
+            for role, (fn, args) in ready:
+                pool(role).submit(fn, *args)
+
+
 _pools: dict[str, DaemonPool] = {}
 _sizes: dict[str, int] = dict(DEFAULT_SIZES)
 _pools_lock = threading.Lock()
+_timers: dict[int, _Timer] = {}
+_timer_names = itertools.count(1)
 
 
 def pool(role: str) -> DaemonPool:
@@ -113,6 +259,19 @@ def pool(role: str) -> DaemonPool:
             p = DaemonPool(role, _sizes.get(role, 16))
             _pools[role] = p
         return p
+
+
+def call_later(clock: Clock, delay: float, role: str, fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(*args)`` on ``pool(role)`` once ``delay`` seconds have passed on ``clock``.
+
+    No thread is blocked meanwhile (one timer thread per clock holds every delayed job).
+    """
+    key = id(clock)
+    with _pools_lock:
+        timer = _timers.get(key)
+        if timer is None or timer.clock is not clock:
+            timer = _timers[key] = _Timer(clock)
+    timer.call_later(delay, role, fn, *args)
 
 
 def configure_threads(**sizes: int) -> None:
@@ -135,9 +294,21 @@ def thread_counts() -> dict[str, int]:
     return {role: p.threads for role, p in _pools.items()}
 
 
+def peak_thread_counts() -> dict[str, int]:
+    """Peak worker threads per role since creation or :func:`reset_peaks`."""
+    return {role: p.peak_threads for role, p in _pools.items()}
+
+
+def reset_peaks() -> None:
+    """Restart the peak counters at the current thread counts (benchmarks, tests)."""
+    for p in list(_pools.values()):
+        p.reset_peak()
+
+
 def _after_fork_in_child() -> None:
     global _pools_lock
     _pools.clear()
+    _timers.clear()
     _pools_lock = threading.Lock()
 
 

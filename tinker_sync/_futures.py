@@ -228,11 +228,12 @@ def _after_fork_in_child() -> None:
     _pending_lock = threading.Lock()
     parent = os.getppid()
     for fut in list(_pending):
-        if fut.done():
-            continue
-        # The parent's threads may have held these locks at fork time: start fresh.
+        # A parent thread may have held this future's lock at fork time (completing it, or
+        # checking done()): give it a fresh one before anything touches it, done() included.
         fut._condition = threading.Condition()
         fut._waiters = []
+        if fut._state not in ("PENDING", "RUNNING"):
+            continue
         fut._fail(
             ForkedProcessError(
                 f"this future was created in process {fut._pid} (parent {parent}) and cannot "

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from tinker_sync._fork import register_after_fork
+from tinker_sync._fork import make_condition, make_lock, register_after_fork
 
 log = logging.getLogger("tinker_sync.ratelimit")
 
@@ -84,9 +84,10 @@ class Limiter:
     def __init__(self, key: tuple[str, str], clock: _Clock) -> None:
         self.key = key
         self.clock = clock
-        self._lock = threading.Lock()
-        self._deadline_changed = threading.Condition(self._lock)
-        self._gates_changed = threading.Condition(self._lock)
+        # Fork-safe: a child may still reach a parent's limiter through an inherited object.
+        self._lock = make_lock()
+        self._deadline_changed = make_condition(self._lock)
+        self._gates_changed = make_condition(self._lock)
         self.backoff_until = float("-inf")  # never backed off
         self._count = DISPATCH_COUNT
         self._backed_off_count = BACKED_OFF_COUNT

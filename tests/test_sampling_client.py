@@ -1,0 +1,771 @@
+"""SamplingClient against a real LocalServer: gates, backoff, retries, cancels (B10-B16, B25).
+
+Tests T-B1..T-B12 of BEHAVIOR.md (T-B4/T-B5/T-B7 also live in test_ratelimit.py) and the
+sampling half of T-L1. Threads are released on barriers; delays are asserted on a FakeClock or
+from the server's request log (arrival times), never from wall-clock order in the client.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tinker_sync
+from tinker_sync import types
+from tinker_sync._clock import FakeClock
+from tinker_sync._ratelimit import reset_limiters
+from tinker_sync.exceptions import (
+    ClientClosedError,
+    InternalServerError,
+    RequestFailedError,
+    SamplingStuckError,
+)
+from tinker_sync.local import LocalServer
+from tinker_sync.sampling_client import SEQ_STRIDE, RetryConfig, SamplingClient
+
+HANG = 60.0
+BASE = "Qwen/Qwen3-8B"
+PROMPT = types.ModelInput.from_ints([1, 2, 3, 4, 5])
+PARAMS = types.SamplingParams(max_tokens=4)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., LocalServer]]:
+    servers: list[LocalServer] = []
+
+    def make(**kwargs: Any) -> LocalServer:
+        kwargs.setdefault("long_poll_s", 2.0)
+        srv = LocalServer(backend="instant", **kwargs).start()
+        servers.append(srv)
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop()
+    reset_limiters()
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[..., tinker_sync.ServiceClient]]:
+    made: list[tinker_sync.ServiceClient] = []
+
+    def make(srv: LocalServer, **kwargs: Any) -> tinker_sync.ServiceClient:
+        kwargs.setdefault("base_url", srv.url)
+        kwargs.setdefault("api_key", srv.api_key)
+        client = tinker_sync.ServiceClient(**kwargs)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def until(predicate: Callable[[], bool], timeout: float = HANG) -> None:
+    """Wait for a state (not a duration); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    event = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached within the hang guard")
+        event.wait(0.005)
+
+
+def hold(srv: LocalServer) -> None:
+    """Hold sample results (polls answer try_again, queue state active: no backoff, B14)."""
+    assert srv.app is not None
+    srv.app.pause("active", None, "sampling")
+
+
+def release(srv: LocalServer) -> None:
+    srv.resume(kind="sampling")
+
+
+def asample_seq_ids(srv: LocalServer, status: int | None = None) -> list[int]:
+    return [r.json["seq_id"] for r in srv.requests.filter("asample", status=status)]
+
+
+def sampler_of(service: tinker_sync.ServiceClient, **kwargs: Any) -> SamplingClient:
+    return service.create_sampling_client(base_model=BASE, **kwargs)
+
+
+class Events:
+    """A per-client hook recording events by kind."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, event: Any) -> None:
+        with self.lock:
+            self.events.append((event.kind, dict(event.data)))
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [d for k, d in self.events if k == kind]
+
+
+# ------------------------------------------------------------------------------ basics
+
+
+def test_sample_stamps_sequence_ids_and_compute_logprobs(server, service):
+    """B16: ids from the asample reply are stamped; compute_logprobs entry 0 is None."""
+    sampler = sampler_of(service)
+    fut = sampler.sample(PROMPT, 3, PARAMS)
+    response = fut.result(HANG)
+    assert fut.request_id is not None
+    assert [s.sequence_id for s in response.sequences] == [
+        f"{fut.request_id}:{i}" for i in range(3)
+    ]
+    (req,) = server.requests.filter("asample")
+    assert req.headers["x-tinker-sampling-backpressure"] == "1"
+    assert req.headers["x-stainless-retry-count"] == "0"
+    assert req.json["seq_id"] == 0 and req.json["num_samples"] == 3
+    logprobs = sampler.compute_logprobs(PROMPT).result(HANG)
+    assert len(logprobs) == PROMPT.length and logprobs[0] is None
+    assert all(isinstance(v, float) for v in logprobs[1:])
+    last = sampler.compute_logprobs(PROMPT, prompt_logprobs_last_n=2).result(HANG)
+    assert last[:3] == [None, None, None] and all(isinstance(v, float) for v in last[3:])
+    body = server.requests.filter("asample")[-1].json
+    assert body["num_samples"] == 1 and body["prompt_logprobs"] is True
+    assert body["sampling_params"]["max_tokens"] == 1 and body["prompt_logprobs_last_n"] == 2
+    assert asample_seq_ids(server) == [0, 1, 2]
+
+
+def test_validation_errors_are_synchronous_and_send_nothing(server, service):
+    """B16: checked in the caller's thread before a seq_id is taken."""
+    sampler = sampler_of(service)
+    bad_target = types.TensorData(data=[0.0] * 4, dtype="float32", shape=[4, 1])
+    cases: list[tuple[type[Exception], dict[str, Any]]] = [
+        (ValueError, {"num_samples": 0}),
+        (TypeError, {"num_samples": True}),
+        (ValueError, {"prompt_alt_tokens_k": -1}),
+        (ValueError, {"prompt_logprobs_last_n": 2}),
+        (ValueError, {"prompt_logprobs_last_n": 0, "include_prompt_logprobs": True}),
+        (ValueError, {"target_prompt_logprobs": bad_target}),
+        (
+            ValueError,
+            {"target_prompt_logprobs": types.TensorData(data=[1] * 8, dtype="int64", shape=[2, 4])},
+        ),
+    ]
+    for exc_type, kwargs in cases:
+        args = {"num_samples": 1, **kwargs}
+        with pytest.raises(exc_type):
+            sampler.sample(PROMPT, sampling_params=PARAMS, **args)
+    with pytest.raises(TypeError):
+        sampler.sample([1, 2], 1, PARAMS)  # type: ignore[arg-type]
+    ok = sampler.sample(
+        PROMPT,
+        1,
+        PARAMS,
+        include_prompt_logprobs=True,
+        target_prompt_logprobs=types.TensorData(data=[1, -1] * 4, dtype="int64", shape=[4, 2]),
+    ).result(HANG)
+    assert ok.sequences
+    assert asample_seq_ids(server) == [0]
+
+
+def test_ignored_features_fail_with_runtime_error(server, service, monkeypatch):
+    """B16: a server that silently drops prompt_alt_tokens_k / last_n fails loudly."""
+    from tinker_sync.local.backends import instant
+
+    original = instant.InstantSampler.sample
+
+    def forgetful(self: Any, prompt: Any, opts: Any) -> Any:
+        result = original(self, prompt, opts)
+        result.prompt_alt_tokens = None
+        result.prompt_alt_logprobs = None
+        if result.prompt_logprobs is not None:
+            result.prompt_logprobs = np.where(
+                np.arange(len(result.prompt_logprobs)) == 0, np.nan, -1.0
+            ).astype(np.float32)
+        return result
+
+    sampler = sampler_of(service)
+    assert sampler.sample(PROMPT, 1, PARAMS, prompt_alt_tokens_k=2).result(HANG).prompt_alt_tokens
+    monkeypatch.setattr(instant.InstantSampler, "sample", forgetful)
+    with pytest.raises(RuntimeError, match="prompt_alt_tokens_k"):
+        sampler.sample(PROMPT, 1, PARAMS, prompt_alt_tokens_k=2).result(HANG)
+    with pytest.raises(RuntimeError, match="prompt_logprobs_last_n"):
+        sampler.compute_logprobs(PROMPT, prompt_logprobs_last_n=1).result(HANG)
+    # RuntimeError is not retried: one asample per failing call.
+    assert len(asample_seq_ids(server)) == 3
+
+
+def test_legacy_server_sampling_without_sequence_ids(make_server, make_client):
+    """B64 / T-L1 (sampling half): no sample_sequence_ids and JSON results are accepted."""
+    srv = make_server(protocol="legacy")
+    sampler = sampler_of(make_client(srv))
+    response = sampler.sample(PROMPT, 2, PARAMS, include_prompt_logprobs=True).result(HANG)
+    assert len(response.sequences) == 2
+    assert all(s.sequence_id is None for s in response.sequences)
+    assert all(len(s.tokens) == 4 for s in response.sequences)
+    logprobs = sampler.compute_logprobs(PROMPT).result(HANG)
+    assert logprobs[0] is None and len(logprobs) == PROMPT.length
+    assert "sample_sequence_ids" not in json.dumps([r.json for r in srv.requests.filter("asample")])
+
+
+# ------------------------------------------------------------------------------ gates (B12)
+
+
+_T_B1_CHILD = r"""
+import json, sys, threading
+from tinker_sync._executor import configure_threads
+configure_threads(sample_submit=1200)   # let the dispatch gate, not the pool, bind
+import tinker_sync
+from tinker_sync import types
+url, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+service = tinker_sync.ServiceClient(base_url=url, api_key=key)
+sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+prompt = types.ModelInput.from_ints([1, 2, 3])
+barrier = threading.Barrier(8)
+futures = []
+lock = threading.Lock()
+def caller(k):
+    barrier.wait(60)
+    mine = [sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)) for _ in range(k, n, 8)]
+    with lock:
+        futures.extend(mine)
+threads = [threading.Thread(target=caller, args=(k,)) for k in range(8)]
+for t in threads: t.start()
+for t in threads: t.join(60)
+ok = sum(1 for f in futures if f.result(120).sequences)
+print(json.dumps({"ok": ok}))
+service.close()
+"""
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    edges = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    best = cur = 0
+    for _, delta in edges:
+        cur += delta
+        best = max(best, cur)
+    return best
+
+
+@pytest.mark.slow
+def test_1000_concurrent_samples_never_exceed_400_in_flight(make_server):
+    """T-B1 (B12): with slow submissions, the server never holds more than 400 asamples."""
+    srv = make_server(faults=["asample delay=0.5 x*"])
+    proc = subprocess.run(
+        [sys.executable, "-c", _T_B1_CHILD, srv.url, srv.api_key or "", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": REPO},
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"ok": 1000}
+    reqs = srv.requests.filter("asample")
+    assert len(reqs) == 1000
+    overlap = max_overlap([(r.time, r.time + r.duration_s) for r in reqs])
+    assert overlap <= 400
+    assert overlap > 100  # the gate binds (not a small thread pool)
+
+
+@pytest.mark.parametrize(
+    ("poller", "n"),
+    [
+        (True, 1000),
+        (False, 500),  # > 400: still impossible if the gate were held through polling
+        pytest.param(False, 1000, marks=pytest.mark.slow),
+    ],
+)
+def test_all_samples_accepted_before_the_first_result(make_server, make_client, poller, n):
+    """T-B6 (B12): gates are released on acceptance, not held through polling."""
+    srv = make_server(client_config={"sample_use_retrieve_futures": poller})
+    sampler = sampler_of(make_client(srv))
+    hold(srv)
+    done_at: list[float] = []
+    lock = threading.Lock()
+
+    def stamp(_f: Any) -> None:
+        with lock:
+            done_at.append(time.time())
+
+    futures = [sampler.sample(PROMPT, 1, PARAMS) for _ in range(n)]
+    for fut in futures:
+        fut.add_done_callback(stamp)
+    accepted = srv.requests.wait_for("asample", n, timeout=HANG, status=200)
+    assert not done_at  # nothing released while held
+    release(srv)
+    done, pending = concurrent.futures.wait(futures, timeout=HANG * 2)
+    assert not pending and all(f.exception() is None for f in done)
+    assert min(done_at) > max(r.time for r in accepted)
+    assert len(set(asample_seq_ids(srv))) == n
+
+
+# ------------------------------------------------------------------------------ backoff (B11, B13)
+
+
+def test_429_retry_after_holds_every_client_of_the_tenant_only(make_server, make_client):
+    """T-B2/T-B3 (B11, B13): a 429 with retry-after-ms 750 holds same-tenant clients."""
+    srv = make_server(api_key=None, faults=["asample 429 x1 retry_after_ms=750"])
+    other_srv = make_server()
+    backed_off = threading.Event()
+
+    def on_event(event: Any) -> None:
+        if event.kind == "backoff_set":
+            backed_off.set()
+
+    a1 = sampler_of(make_client(srv, api_key="tml-tenant-a", hooks=[on_event]))
+    # The same server spelled differently (scheme case, trailing slash) is the same limiter.
+    alt_url = srv.url.replace("http://", "HTTP://") + "/"
+    a2 = sampler_of(make_client(srv, base_url=alt_url, api_key="tml-tenant-a"))
+    other_key = sampler_of(make_client(srv, api_key="tml-tenant-b"))
+    other_host = sampler_of(make_client(other_srv))
+    first = a1.sample(PROMPT, 1, PARAMS)
+    (hit,) = srv.requests.wait_for("asample", 1, timeout=HANG, status=429)
+    assert backed_off.wait(HANG)  # the 429 reached the client and set the deadline
+    held = a2.sample(PROMPT, 1, PARAMS)
+    others = 0
+    while not held.done():  # the other tenant and the other server keep sampling meanwhile
+        other_key.sample(PROMPT, 1, PARAMS).result(HANG)
+        other_host.sample(PROMPT, 1, PARAMS).result(HANG)
+        others += 1
+        assert others < 10_000
+    first.result(HANG)
+    held.result(HANG)
+    window_end = hit.time + hit.duration_s + 0.75
+    tenant_ids = {a1.sampler_id, a2.sampler_id}
+    tenant_a = [
+        r for r in srv.requests.filter("asample") if r.json["sampling_session_id"] in tenant_ids
+    ]
+    assert [r.status for r in tenant_a] == [429, 200, 200]
+    assert all(r.time >= window_end - 0.02 for r in tenant_a[1:])
+    assert tenant_a[1].json["seq_id"] == hit.json["seq_id"]  # same seq_id after a 429
+    in_window = [
+        r
+        for r in (*srv.requests.filter("asample"), *other_srv.requests.filter("asample"))
+        if hit.time < r.time < window_end - 0.05 and r not in tenant_a
+    ]
+    assert in_window  # other keys/hosts were never held
+
+
+@pytest.mark.parametrize(("tokens", "hold"), [(100, 1.0), (14_000, 5.0)])
+def test_429_without_retry_after_holds_1s_or_5s_by_prompt_size(
+    make_server, make_client, tokens, hold
+):
+    """T-B3 (B13): no Retry-After: 1 s for prompts <= 128 KiB, 5 s above (fake clock)."""
+    srv = make_server(faults=["asample 429 x1"])
+    clock = FakeClock(rng=lambda: 0.5)
+    events = Events()
+    sampler = sampler_of(make_client(srv, _clock=clock, hooks=[events]))
+    prompt = types.ModelInput.from_ints([7] * tokens)
+    sampler.sample(prompt, 1, PARAMS).result(HANG)
+    (backoff,) = events.of("backoff_set")
+    assert backoff["seconds"] == hold and backoff["cause"] == "429 on asample"
+    assert [r.status for r in srv.requests.filter("asample")] == [429, 200]
+    assert len(set(asample_seq_ids(srv))) == 1
+    # The resend waited for the deadline on the clock.
+    assert clock.monotonic() >= backoff["until"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "hold"),
+    [
+        ("retry_after=0.5", 0.5),
+        ("retry_after=60", 60.0),
+        ("retry_after=61", 1.0),  # outside (0, 60]: the size rule
+        ("retry_after=-1", 1.0),
+        ("retry_after_ms=60001", 1.0),
+        ("retry_after=soon", 1.0),
+    ],
+)
+def test_429_retry_after_is_honoured_only_in_0_to_60s(make_server, make_client, fault, hold):
+    """B13 (decision 9): Retry-After in (0, 60] s is the hold, else 1 s / 5 s."""
+    srv = make_server(faults=[f"asample 429 x1 {fault}"])
+    events = Events()
+    sampler = sampler_of(make_client(srv, _clock=FakeClock(), hooks=[events]))
+    sampler.sample(PROMPT, 1, PARAMS).result(HANG)
+    assert [e["seconds"] for e in events.of("backoff_set")] == [hold]
+
+
+def test_402_inside_the_billing_window_sets_the_backoff(make_server, make_client):
+    """B13: a billing 402 on asample sets the shared deadline and resends the seq_id."""
+    srv = make_server(faults=["asample 402 x1"])
+    clock = FakeClock(rng=lambda: 0.5)
+    events = Events()
+    sampler = sampler_of(make_client(srv, _clock=clock, hooks=[events]))
+    sampler.sample(PROMPT, 1, PARAMS).result(HANG)
+    (backoff,) = events.of("backoff_set")
+    assert backoff["seconds"] == 1.0 and backoff["cause"] == "402 on asample"
+    assert [r.status for r in srv.requests.filter("asample")] == [402, 200]
+    assert asample_seq_ids(srv) == [0, 0]
+
+
+def test_paused_sampling_poll_extends_the_deadline_training_does_not(make_server, make_client):
+    """T-B8 (B14)."""
+    srv = make_server(
+        faults=[
+            "retrieve_future paused_rate_limit x1 match.request_type=ForwardBackward",
+            "retrieve_future paused_capacity x1 match.request_type=Sample",
+        ]
+    )
+    events = Events()
+    service = make_client(srv, hooks=[events])
+    training = service.create_lora_training_client(BASE, rank=4)
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+    )
+    training.forward_backward([datum], "cross_entropy").result(HANG)
+    assert srv.faults.rules[0].hits == 1
+    assert not events.of("backoff_set")
+    limiter = service._session.limiter
+    assert limiter.backoff_until == float("-inf")
+    sampler = sampler_of(service)
+    sampler.sample(PROMPT, 1, PARAMS).result(HANG)
+    assert srv.faults.rules[1].hits == 1
+    (backoff,) = events.of("backoff_set")
+    assert backoff["seconds"] == 1.0 and backoff["cause"] == "queue paused_capacity"
+    assert limiter.backoff_until > float("-inf")
+
+
+# ------------------------------------------------------------------------------ retries (B15)
+
+
+def test_retries_take_new_seq_ids_and_request_failures_do_not(make_server, make_client):
+    """T-B9 (B15): a 503 escaping the submission loop and a polled 410 retry; failures don't."""
+    srv = make_server(
+        faults=[
+            "asample 503 x1 should_retry=false",
+            "retrieve_future expire x1 match.request_type=Sample",
+        ]
+    )
+    clock = FakeClock(rng=lambda: 1.0 - 1e-12)
+    events = Events()
+    sampler = sampler_of(make_client(srv, _clock=clock, hooks=[events]))
+    sampler.sample(PROMPT, 1, PARAMS).result(HANG)
+    assert [r.status for r in srv.requests.filter("asample")] == [503, 200, 200]
+    assert asample_seq_ids(srv) == [0, 1, 2]  # each sampling-layer retry: a new seq_id
+    retries = [e for e in events.of("retry_scheduled") if e["layer"] == "sample"]
+    assert [e["reason"] for e in retries] == ["InternalServerError", "FutureExpiredError"]
+    # delay = min(0.5 * 2^a, 10) * (1 + 0.25 * (2u - 1)), u -> 1: the +25 % extreme.
+    assert [round(e["delay"], 6) for e in retries] == [0.625, 1.25]
+    srv.faults.add("retrieve_future fail:user x1 match.request_type=Sample")
+    with pytest.raises(RequestFailedError):
+        sampler.sample(PROMPT, 1, PARAMS).result(HANG)
+    assert asample_seq_ids(srv) == [0, 1, 2, 3]  # never retried
+
+
+def test_enable_retry_logic_false_and_server_no_retries(make_server, make_client):
+    """B15: the retry layer off (per config) or bypassed for sample() (per server flag)."""
+    srv = make_server(faults=["asample 503 x1 should_retry=false"])
+    sampler = sampler_of(make_client(srv), retry_config=RetryConfig(enable_retry_logic=False))
+    with pytest.raises(InternalServerError):
+        sampler.sample(PROMPT, 1, PARAMS).result(HANG)
+    srv2 = make_server(
+        client_config={"sample_no_retries": True},
+        faults=["asample 503 x2 should_retry=false"],
+    )
+    sampler2 = sampler_of(make_client(srv2))
+    with pytest.raises(InternalServerError):
+        sampler2.sample(PROMPT, 1, PARAMS).result(HANG)
+    assert sampler2.compute_logprobs(PROMPT).result(HANG)[0] is None  # not bypassed
+    assert asample_seq_ids(srv2) == [0, 1, 2]
+
+
+def test_retry_config_delays_and_classification():
+    """B15 / SURFACE 2.8: min(base * 2^a, max) +- jitter, clamped; what is retryable."""
+    from tinker_sync._transport import Reply  # noqa: F401  (import check only)
+    from tinker_sync.exceptions import (
+        APIConnectionError,
+        FutureExpiredError,
+        RateLimitError,
+        ResponseSnapshot,
+    )
+
+    config = RetryConfig()
+    assert [config.delay(a, 0.5) for a in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert config.delay(0, 0.0) == 0.375 and config.delay(5, 1.0) == 10.0
+    assert config.delay(10_000, 0.5) == 10.0  # no overflow
+    assert RetryConfig(jitter_factor=2.0).delay(0, 0.0) == 0.0  # clamped at 0
+    hash(config)
+
+    def status(code: int) -> Exception:
+        from tinker_sync.exceptions import status_error_class
+
+        return status_error_class(code)("x", response=ResponseSnapshot(code, {}, b"", "http://h/x"))
+
+    for exc in (APIConnectionError(), TimeoutError(), FutureExpiredError("gone"), status(429)):
+        assert config.is_retryable(exc)
+    for code in (408, 409, 500, 503, 599):
+        assert config.is_retryable(status(code))
+    for exc in (
+        status(400),
+        status(404),
+        RequestFailedError("no"),
+        SamplingStuckError("stuck"),
+        RuntimeError("x"),
+    ):
+        assert not config.is_retryable(exc)
+    assert isinstance(status(429), RateLimitError)
+    with pytest.raises(ValueError):
+        RetryConfig(max_connections=0)
+
+
+@pytest.mark.parametrize("poller", [False, True])
+def test_no_progress_for_7200s_fails_with_sampling_stuck_error(make_server, make_client, poller):
+    """T-B10 (B15): the progress timeout runs on the injected clock."""
+    cc = {"sample_use_retrieve_futures": True} if poller else None
+    srv = make_server(client_config=cc, long_poll_s=0.2)
+    srv.set_dynamic_config(sample_cancel_enabled=True)
+    clock = FakeClock()
+    sampler = sampler_of(make_client(srv, _clock=clock))
+    sampler.sample(PROMPT, 1, PARAMS).result(HANG)  # progress at t ~ 0
+    hold(srv)
+    fut = sampler.sample(PROMPT, 1, PARAMS)
+    srv.requests.wait_for("asample", 2, timeout=HANG)
+    clock.advance(7100.0)
+    srv.requests.wait_for("retrieve_futures" if poller else "retrieve_future", 4, timeout=HANG)
+    assert not fut.done()  # 7,100 s is not enough
+    clock.advance(101.0)
+    with pytest.raises(SamplingStuckError, match="No progress made in 7200s"):
+        fut.result(HANG)
+    (cancel,) = srv.requests.wait_for("cancel_future", 1, timeout=HANG)
+    assert cancel.json == {"request_id": fut.request_id}
+    release(srv)
+    # Stuck detection is per call: a new call starts a fresh window.
+    assert sampler.sample(PROMPT, 1, PARAMS).result(HANG).sequences
+
+
+def test_stuck_detection_can_be_disabled_by_the_server(make_server, make_client):
+    """B15: server sample_enable_stuck_detection=false forces it off."""
+    srv = make_server(client_config={"sample_enable_stuck_detection": False}, long_poll_s=0.2)
+    clock = FakeClock()
+    sampler = sampler_of(make_client(srv, _clock=clock))
+    hold(srv)
+    fut = sampler.sample(PROMPT, 1, PARAMS)
+    srv.requests.wait_for("asample", 1, timeout=HANG)
+    clock.advance(10_000.0)
+    n = srv.requests.count("retrieve_future")
+    srv.requests.wait_for("retrieve_future", n + 2, timeout=HANG)
+    assert not fut.done()
+    release(srv)
+    assert fut.result(HANG).sequences
+
+
+def test_concurrency_cap_parks_jobs_without_threads(make_server, make_client):
+    """B15: max_connections is honoured (capped by the server) and waiting jobs hold no thread."""
+    srv = make_server(client_config={"sample_max_concurrent_requests": 3})
+    service = make_client(srv)
+    capped = sampler_of(service, retry_config=RetryConfig(max_connections=50))
+    assert capped._retry_handler().capacity == 3
+    sampler = sampler_of(service, retry_config=RetryConfig(max_connections=2))
+    hold(srv)
+    futures = [sampler.sample(PROMPT, 1, PARAMS) for _ in range(40)]
+    srv.requests.wait_for("asample", 2, timeout=HANG)
+    handler = sampler._retry_handler()
+    until(lambda: handler.parked == 38)
+    assert srv.requests.count("asample") == 2 and handler.in_flight == 2
+    futures[-1].cancel()  # a parked job is skipped when its turn comes
+    release(srv)
+    done, pending = concurrent.futures.wait(futures[:-1], timeout=HANG)
+    assert not pending and all(f.exception() is None for f in done)
+    assert srv.requests.count("asample") == 39
+    until(lambda: handler.in_flight == 0 and handler.parked == 0)
+    srv2 = make_server(client_config={"sample_use_retrieve_futures": True})
+    unlimited = sampler_of(make_client(srv2), retry_config=RetryConfig(max_connections=2))
+    unlimited.sample(PROMPT, 1, PARAMS).result(HANG)
+    assert unlimited._retry_handler().unlimited
+
+
+# ------------------------------------------------------------------------------ cancellation
+
+
+def test_cancel_during_backoff_sends_nothing_and_restores_permits(make_server, make_client):
+    """T-B11 (B13): through the public API."""
+    srv = make_server(faults=["asample 429 x1 retry_after=30"])
+    service = make_client(srv)
+    sampler = sampler_of(service)
+    limiter = service._session.limiter
+    full = limiter.snapshot()
+    first = sampler.sample(PROMPT, 1, PARAMS)
+    srv.requests.wait_for("asample", 1, status=429, timeout=HANG)
+    until(lambda: limiter.backoff_until > float("-inf"))  # the client has seen the 429
+    second = sampler.sample(PROMPT, 1, PARAMS)  # recently backed off: also the gate of 10
+    until(lambda: (limiter.snapshot()["count"], limiter.snapshot()["backed_off_count"]) == (398, 9))
+    assert first.cancel() and second.cancel()
+    until(lambda: limiter.snapshot() == {**full, "backoff_until": limiter.backoff_until})
+    assert srv.requests.count("asample") == 1
+    handler = sampler._retry_handler()
+    until(lambda: handler.in_flight == 0)
+
+
+@pytest.mark.parametrize("poller", [False, True])
+def test_cancel_after_acceptance_stops_waiting_and_cancels_on_the_server(
+    make_server, make_client, poller
+):
+    """B25: polling stops and cancel_future is sent when the server enables it."""
+    cc = {"sample_use_retrieve_futures": True} if poller else None
+    srv = make_server(client_config=cc)
+    srv.set_dynamic_config(sample_cancel_enabled=True)
+    sampler = sampler_of(make_client(srv))
+    hold(srv)
+    futures = [sampler.sample(PROMPT, 1, PARAMS) for _ in range(3)]
+    srv.requests.wait_for("asample", 3, timeout=HANG)
+    until(lambda: all(f.request_id for f in futures))
+    assert futures[0].cancel() and futures[1].cancel()
+    cancels = srv.requests.wait_for("cancel_future", 2, timeout=HANG)
+    assert {r.json["request_id"] for r in cancels} == {futures[0].request_id, futures[1].request_id}
+    assert futures[0].cancelled() and not futures[2].done()
+    release(srv)
+    assert futures[2].result(HANG).sequences
+    handler = sampler._retry_handler()
+    until(lambda: handler.in_flight == 0)
+    srv2 = make_server()  # cancels disabled (default): nothing is sent
+    sampler2 = sampler_of(make_client(srv2))
+    hold(srv2)
+    fut = sampler2.sample(PROMPT, 1, PARAMS)
+    until(lambda: fut.request_id is not None)
+    assert fut.cancel()
+    release(srv2)
+    assert sampler2.sample(PROMPT, 1, PARAMS).result(HANG).sequences
+    assert srv2.requests.count("cancel_future") == 0
+
+
+@pytest.mark.parametrize("poller", [False, True])
+def test_close_fails_pending_samples(make_server, make_client, poller):
+    """SURFACE 2.3: close() stops the poller; pending samples fail, later calls raise."""
+    cc = {"sample_use_retrieve_futures": True} if poller else None
+    srv = make_server(client_config=cc, long_poll_s=0.3)
+    sampler = sampler_of(make_client(srv))
+    hold(srv)
+    fut = sampler.sample(PROMPT, 1, PARAMS)
+    srv.requests.wait_for("asample", 1, timeout=HANG)
+    sampler.close()
+    sampler.close()
+    with pytest.raises(ClientClosedError):
+        fut.result(HANG)
+    with pytest.raises(ClientClosedError):
+        sampler.sample(PROMPT, 1, PARAMS)
+    release(srv)
+
+
+# ------------------------------------------------------------------------------ seq_ids (B10)
+
+
+def _seq_id_run(make_server: Any, make_client: Any, threads: int, per_thread: int) -> None:
+    srv = make_server()
+    service = make_client(srv, pickle_credentials=True)
+    original = sampler_of(service)
+    clone = pickle.loads(pickle.dumps(original))
+    assert clone._clone_id and clone._clone_id != original._clone_id
+    barrier = threading.Barrier(threads)
+    futures: list[concurrent.futures.Future[Any]] = []
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        sampler = original if k % 2 == 0 else clone
+        barrier.wait(HANG)
+        mine = [sampler.sample(PROMPT, 1, PARAMS) for _ in range(per_thread)]
+        with lock:
+            futures.extend(mine)
+
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(HANG)
+    done, pending = concurrent.futures.wait(futures, timeout=HANG * 4)
+    assert not pending and all(f.exception() is None for f in done)
+    total = threads * per_thread
+    assert srv.requests.count("asample") == total  # exact even when the log evicts entries
+    # The server dedups on (sampler, seq_id): any collision would show as fewer records.
+    assert srv.app is not None
+    seqs = list(srv.app._samplers[original.sampler_id].by_seq)
+    assert len(seqs) == total and len(set(seqs)) == total
+    base = clone._clone_id * SEQ_STRIDE
+    assert sorted(s for s in seqs if s < SEQ_STRIDE) == list(range(total // 2))
+    assert sorted(s for s in seqs if s >= SEQ_STRIDE) == list(range(base, base + total // 2))
+    clone.close()
+
+
+def test_64_threads_on_two_clones_yield_unique_seq_ids(make_server, make_client):
+    """T-B12 (B10), reduced size: 64 threads x 16 samples."""
+    _seq_id_run(make_server, make_client, 64, 16)
+
+
+@pytest.mark.full
+def test_64_threads_x_500_samples_unique_seq_ids(make_server, make_client):
+    """T-B12 (B10), full size: 64 threads x 500 samples on two clones."""
+    _seq_id_run(make_server, make_client, 64, 500)
+
+
+def test_join_sampling_session_assigns_clone_ids(make_server, make_client):
+    """B53: with sample_join_sampling_session the server hands out clone ids, once each."""
+    srv = make_server(client_config={"sample_join_sampling_session": True})
+    original = sampler_of(make_client(srv, pickle_credentials=True))
+    clones = [pickle.loads(pickle.dumps(original)) for _ in range(2)]
+    assert all(c._clone_id is None for c in clones)
+    assert srv.requests.count("join_sampling_session") == 0  # unpickling makes no request
+    results = [c.sample(PROMPT, 1, PARAMS) for c in clones for _ in range(3)]
+    for fut in results:
+        fut.result(HANG)
+    assert srv.requests.count("join_sampling_session") == 2
+    assert sorted(c._clone_id or 0 for c in clones) == [1, 2]
+    by_clone = sorted(asample_seq_ids(srv))
+    assert by_clone == [SEQ_STRIDE + i for i in range(3)] + [2 * SEQ_STRIDE + i for i in range(3)]
+    for clone in clones:
+        clone.close()
+
+
+def test_handles_and_pickles_rebuild_clients_without_io(server, service):
+    """B53: the handle layout; unpickling and handle rebuilding send nothing."""
+    sampler = sampler_of(service, record_stability_info=True)
+    handle = sampler.get_sampler_handle()
+    import base64
+
+    fields = json.loads(base64.urlsafe_b64decode(handle))
+    assert set(fields) == {
+        "session_id",
+        "sampling_session_id",
+        "holder",
+        "base_model",
+        "record_stability_info",
+    }
+    assert set(fields["holder"]) == {
+        "base_url",
+        "default_headers_overrides",
+        "client_config",
+        "client_dynamic_config",
+        "api_key",
+    }
+    assert fields["holder"]["api_key"] is None and server.api_key not in handle
+    before = len(server.requests)
+    rebuilt = SamplingClient.from_sampler_handle(handle, api_key=server.api_key)
+    assert len(server.requests) == before
+    assert rebuilt.sampler_id == sampler.sampler_id and rebuilt.get_base_model() == BASE
+    response = rebuilt.sample(PROMPT, 1, PARAMS).result(HANG)
+    assert response.sequences
+    body = server.requests.filter("asample")[-1].json
+    assert body["record_stability_info"] is True
+    assert body["seq_id"] // SEQ_STRIDE == rebuilt._clone_id != 0
+    with pytest.raises(ValueError, match="not a sampler handle"):
+        SamplingClient.from_sampler_handle("bm90LWpzb24")
+    # The shadow session's threads stop with its last client (the original is untouched).
+    shadow = rebuilt._session
+    assert shadow is not service._session and shadow.session_id == service._session.session_id
+    rebuilt.close()
+    assert shadow._stop.is_set() and not service._session._stop.is_set()
+    n = server.requests.count("sessions/*/finish")
+    assert sampler.sample(PROMPT, 1, PARAMS).result(HANG).sequences  # the session lives on
+    assert server.requests.count("sessions/*/finish") == n == 0  # a shadow never finishes it
