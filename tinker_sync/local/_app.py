@@ -132,8 +132,17 @@ _LOSS_FNS = frozenset(
 )
 _QUEUE_STATES = ("active", "paused_capacity", "paused_rate_limit")
 _SAMPLE_CLONE_STRIDE = 1_000_000_000
+#: Upper bound of ``num_samples`` per asample: the sequence ids are built on the event loop,
+#: so an unbounded value would stall every client of the server (and exhaust memory).
+MAX_NUM_SAMPLES = 10_000
 #: How long a poll on a paused queue is held before answering try_again (bounded by long_poll_s).
 _PAUSED_POLL_S = 1.0
+
+
+def _bounded(value: int, name: str, maximum: int) -> int:
+    if value > maximum:
+        raise HttpError(400, f"{name}: must be <= {maximum}, got {value}")
+    return value
 
 
 class TinkerApp:
@@ -1705,7 +1714,9 @@ class TinkerApp:
                 np.int64
             )
         opts = SampleOptions(
-            num_samples=b.int_or("num_samples", 1, minimum=1),
+            num_samples=_bounded(
+                b.int_or("num_samples", 1, minimum=1), "num_samples", MAX_NUM_SAMPLES
+            ),
             max_tokens=sp.opt_int("max_tokens", minimum=0),
             temperature=sp.num_or("temperature", 1.0),
             top_k=sp.int_or("top_k", -1),

@@ -26,6 +26,7 @@ SEGMENT_TYPES = {
     "sampler_weights": "sampler",
     "external_weights": "external",
 }
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class HttpError(Exception):
@@ -90,6 +91,8 @@ class Body:
         value = self.data.get(key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise HttpError(400, f"{self._name(key)}: required integer")
+        if not _INT64_MIN <= value <= _INT64_MAX:  # ids and counts are 64-bit on the wire
+            raise HttpError(400, f"{self._name(key)}: out of the 64-bit integer range")
         if minimum is not None and value < minimum:
             raise HttpError(400, f"{self._name(key)}: must be >= {minimum}, got {value}")
         return value

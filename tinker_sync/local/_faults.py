@@ -22,6 +22,11 @@ value is always a string); unquoted values are read as JSON-ish scalars (``true`
 ``0.5``, ``null``, ``{...}``). ``match.<field>=v`` fills ``match``; ``headers.<name>=v`` fills
 ``headers``.
 
+Selection: ``after=N`` lets the first N matches through; ``every=K`` then applies the rule only
+to every K-th remaining match (the K-th, 2K-th, ...; default 1 = each one), which gives a
+deterministic rate, e.g. ``"asample 503 x* every=20"`` fails 5 % of the sample submissions;
+``times`` counts applications, not matches.
+
 Endpoint globs: the pattern is matched against the path after ``/api/v1/`` (``*`` matches
 inside one segment, ``**`` across segments); a pattern starting with ``/`` is matched against
 the whole path; ``*`` alone matches every request.
@@ -75,7 +80,9 @@ class Fault:
 
     Usage: ``Fault(endpoint="asample", status=429, times=2, retry_after=0.5)``.
 
-    ``times=None`` affects every match; ``after=N`` lets the first N matches through. ``body`` is
+    ``times=None`` affects every match; ``after=N`` lets the first N matches through;
+    ``every=K`` applies the rule only to every K-th match after those (a deterministic rate:
+    ``every=20`` is 5 %); ``times`` counts applications. ``body`` is
     sent as JSON, except a ``str`` which is sent verbatim as ``text/plain``. ``reason`` goes with
     ``queue_state`` and ``message`` with ``fail``. ``name`` defaults to a short description such
     as ``"asample 429"``.
@@ -86,6 +93,7 @@ class Fault:
     match: Mapping[str, Any] = field(default_factory=dict)
     times: int | None = 1
     after: int = 0
+    every: int = 1
     name: str = ""
     delay: float = 0.0
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -121,6 +129,8 @@ class Fault:
             raise bad(f"'times' must be a non-negative int or None, got {self.times!r}")
         if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < 0:
             raise bad(f"'after' must be a non-negative int, got {self.after!r}")
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise bad(f"'every' must be a positive int, got {self.every!r}")
         if isinstance(self.delay, bool) or not isinstance(self.delay, (int, float)):
             raise bad(f"'delay' must be a number, got {self.delay!r}")
         if self.delay < 0 or math.isnan(self.delay):
@@ -766,7 +776,7 @@ class FaultPlan:
                 if f.times is not None and rule.hits >= f.times:
                     continue
                 rule.seen += 1
-                if rule.seen <= f.after:
+                if rule.seen <= f.after or (rule.seen - f.after) % f.every:
                     continue
                 rule.hits += 1
                 decision.names.append(f.name)

@@ -46,6 +46,7 @@ OWNER = "tml:user:local"
 #: Signed checkpoint file links are served under this prefix (outside ``/_local/`` admin).
 FILES_PREFIX = "/_files/"
 URL_TTL_S = 3600.0
+_MAX_SQL_INT = 2**63 - 1
 
 
 class RestApi:
@@ -96,6 +97,8 @@ class RestApi:
                 ) from None
             if value < 0:
                 raise HttpError(400, f"query parameter {key}: must be >= 0")
+            if value > _MAX_SQL_INT:  # SQLite integers are 64-bit signed
+                raise HttpError(400, f"query parameter {key}: must be <= {_MAX_SQL_INT}")
             return value
 
         return min(num("limit", default_limit), 10_000), num("offset", 0)
