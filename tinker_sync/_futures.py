@@ -232,6 +232,8 @@ def _after_fork_in_child() -> None:
         # checking done()): give it a fresh one before anything touches it, done() included.
         fut._condition = threading.Condition()
         fut._waiters = []
+        # The parent's callbacks may need locks held by parent threads: never run them here.
+        fut._done_callbacks = []  # type: ignore[attr-defined]
         if fut._state not in ("PENDING", "RUNNING"):
             continue
         fut._fail(

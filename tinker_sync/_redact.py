@@ -14,6 +14,7 @@ Fork safety: the registry is plain data and stays valid in a forked child.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Iterable, Mapping
@@ -27,6 +28,14 @@ _SECRET_VALUE = re.compile(
 )
 
 _lock = threading.Lock()
+
+
+def _reset_lock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_lock_in_child)
 _known: set[str] = set()
 _known_pattern: re.Pattern[str] | None = None
 

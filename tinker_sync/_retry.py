@@ -450,6 +450,8 @@ def submission_loop(
             if not info.retryable or elapsed >= budget_s or exiting():
                 raise
             wait = min(holder_backoff(attempt), start + budget_s - now)
+            if wait <= 0:  # the budget is spent (float rounding can land a hair under it)
+                raise
             attempt += 1
             emit_hook(
                 hooks,

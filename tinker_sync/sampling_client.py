@@ -72,6 +72,10 @@ from tinker_sync._transport import (
     emit_hook,
     sdk_method_scope,
 )
+
+# Imported here, not lazily on worker threads: a fork during a first import on another
+# thread would leave that module's import lock held forever in the child.
+from tinker_sync._wire import _proto
 from tinker_sync._wire._converter import from_json, to_json
 from tinker_sync.exceptions import (
     APIConnectionError,
@@ -849,7 +853,8 @@ class _SampleJob:
         on_done: Callable[[Any, BaseException | None], None] | None = None,
     ) -> Poll:
         def decode(decision: Decision) -> SampleResponse:
-            from tinker_sync._wire._proto import decode_sample_response, sample_response_from_json
+            decode_sample_response = _proto.decode_sample_response
+            sample_response_from_json = _proto.sample_response_from_json
 
             if decision.protobuf:
                 return decode_sample_response(decision.body, sequence_ids)

@@ -34,6 +34,9 @@ from tinker_sync._queuestate import QueueStateReporter
 from tinker_sync._sequencer import Sequencer
 from tinker_sync._telemetry import captures_exceptions
 from tinker_sync._transport import Pool, RequestSpec, current_sdk_method, sdk_method_scope
+
+# Imported here, not lazily on worker threads (a fork during a first import on another
+# thread would leave the module's import lock held in the child).
 from tinker_sync._wire._converter import from_json, to_json
 from tinker_sync.types import (
     AdamParams,

@@ -652,11 +652,6 @@ def test_refused_for_good_fails_typed_as_not_sent() -> None:
                 service.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: submission_loop retries forever with 0 s waits when now - start lands a "
-    "float ulp under the 300 s budget (start + budget - now rounds to 0)",
-)
 def test_submission_budget_ends_whatever_the_clock_reads() -> None:
     """B33: the 300 s submission budget ends for every clock reading. Started at virtual time
     212.3 (about 1 start in 12 behaves like this), the trimmed last wait is 0 s while

@@ -411,11 +411,6 @@ def test_fork_storm(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: tinker_sync._redact._lock is a plain threading.Lock never reset after fork; "
-    "a child forked while another thread holds it deadlocks in register_secret",
-)
 def test_child_survives_the_secret_registry_lock_held_at_fork(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -445,11 +440,6 @@ def test_child_survives_the_secret_registry_lock_held_at_fork(
     assert report == {"ok": True}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: the _futures at-fork hook runs the parent's done-callbacks inside the "
-    "child's fork hook; one needing a lock held by a parent thread deadlocks fork() there",
-)
 def test_a_done_callback_cannot_deadlock_the_forked_child(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -563,11 +553,6 @@ print(json.dumps(report))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: worker threads import tinker_sync._wire._proto lazily (sampling decode); "
-    "a fork during that first import leaves its module lock held forever in the child",
-)
 def test_fork_during_a_lazy_import_in_a_worker() -> None:
     """B49: fork at any moment must not hang the child -- including the moment an SDK worker
     thread is importing a module for the first time (its module lock stays held forever in

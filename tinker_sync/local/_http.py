@@ -733,7 +733,9 @@ class HttpServer:
                 status=status,
                 raw_headers=request.headers,
                 json=body_json,
-                proto=request.log_proto if request.log_proto is not None else self._summary(request),
+                proto=request.log_proto
+                if request.log_proto is not None
+                else self._summary(request),
                 fault=None if decision is None else decision.name,
                 duration_s=elapsed,
                 query=request.query,

@@ -57,7 +57,9 @@ class HttpResponse:
     body: bytes = b""
 
     @classmethod
-    def json(cls, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> HttpResponse:
+    def json(
+        cls, obj: Any, status: int = 200, headers: dict[str, str] | None = None
+    ) -> HttpResponse:
         h = {"content-type": "application/json"}
         if headers:
             h.update(headers)

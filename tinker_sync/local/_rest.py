@@ -311,9 +311,7 @@ class RestApi:
             self._store.insert_session(SessionRow(dest_session, now, project_id=project))
             dest_run = f"{dest_session}:train:0"
         if self._store.get_checkpoint(dest_run, row.checkpoint_id) is not None:
-            raise HttpError(
-                409, f"tinker://{dest_run}/{row.checkpoint_id} already exists", _FINAL
-            )
+            raise HttpError(409, f"tinker://{dest_run}/{row.checkpoint_id} already exists", _FINAL)
         if self._store.get_run(dest_run) is None:
             self._store.insert_run(
                 RunRow(
