@@ -31,6 +31,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -60,6 +61,8 @@ log = logging.getLogger("tinker_sync.session")
 
 HEARTBEAT_INTERVAL_S = 10.0
 HEARTBEAT_WARN_AFTER_S = 120.0
+#: How long close() waits for the background loops to exit (their calls time out in 10 s).
+CLOSE_JOIN_TIMEOUT_S = 12.0
 SHORT_TIMEOUT = Timeout(10.0, connect=5.0)
 
 
@@ -502,6 +505,19 @@ class Session:
                 self._limiter.wake()
             if self._transport is not None and not self.in_forked_child():
                 self._transport.close()
+            self._join_background(CLOSE_JOIN_TIMEOUT_S)
+
+    def _join_background(self, timeout: float) -> None:
+        """Wait (bounded) for the heartbeat and timer threads to notice the stop and exit.
+
+        A loop may be inside one last short HTTP call (10 s timeout at most); close() returns
+        once it is done, so a closed client leaves no thread behind.
+        """
+        deadline = time.monotonic() + timeout
+        current = threading.current_thread()
+        for thread in list(self._threads):
+            if thread is not current and not self.in_forked_child():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _json_object(reply: Reply) -> dict[str, Any]:
