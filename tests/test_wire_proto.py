@@ -1112,3 +1112,18 @@ def test_forward_backward_output_from_json() -> None:
         _proto.forward_backward_output_from_json(
             {"loss_fn_outputs": [{"x": {"data": [1, 2], "dtype": "int64", "shape": [3]}}]}
         )
+
+
+def test_bf16_signalling_nan_is_quieted_like_the_official_cast() -> None:
+    """Regression (found by the conformance fuzzer): bf16 0x7f81 widens to 0x7fc10000."""
+    from tinker_sync._wire._proto import DTYPE_BFLOAT16, _widen
+
+    raw = np.array([0x7F81, 0x3F80, 0x7FC0, 0xFF81, 0x7F80], dtype=np.uint16)
+    bits = _widen(raw, DTYPE_BFLOAT16).view(np.uint32)
+    assert [hex(b) for b in bits] == [
+        "0x7fc10000",
+        "0x3f800000",
+        "0x7fc00000",
+        "0xffc10000",
+        "0x7f800000",
+    ]

@@ -260,9 +260,8 @@ class Load:
         return run
 
     def _feed(self) -> None:
-        # No done-callbacks or concurrent.futures.wait() on the parent's futures: whatever is
-        # registered on a future pending at fork runs (or is notified) in the child's at-fork
-        # hook -- see test_a_done_callback_cannot_deadlock_the_forked_child.
+        # Bounded in-flight by polling done(); callbacks registered in the parent and held
+        # locks are test_a_done_callback_cannot_deadlock_the_forked_child's subject.
         i = 0
         inflight: collections.deque[Any] = collections.deque()
         while not self.stop.is_set():

@@ -632,9 +632,13 @@ def _array(
 
 
 def _widen(arr: _AnyArray, code: int) -> _AnyArray:
-    """bf16 bits -> float32 by shift; int32 -> int64."""
+    """bf16 bits -> float32 by shift (NaNs quieted, as a numeric cast does); int32 -> int64."""
     if code == DTYPE_BFLOAT16:
-        return cast(_AnyArray, (arr.astype(np.uint32) << 16).view(np.float32))
+        bits = arr.astype(np.uint32) << 16
+        nan = ((bits & 0x7F800000) == 0x7F800000) & ((bits & 0x007FFFFF) != 0)
+        if nan.any():
+            bits[nan] |= 0x00400000  # the official client's cast quiets signalling NaNs
+        return cast(_AnyArray, bits.view(np.float32))
     if code == DTYPE_INT32:
         return arr.astype(np.int64)
     return arr
