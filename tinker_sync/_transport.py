@@ -649,6 +649,28 @@ def _new_session(
     return session
 
 
+def _close_session(session: requests.Session) -> None:
+    """Close a Session and its sockets now.
+
+    ``Session.close()`` only clears urllib3's pool manager, which (in urllib3 2) does not close
+    the connection pools: after a lost reply a pool can sit in a reference cycle with its
+    keep-alive sockets open until the garbage collector runs. Close each pool explicitly.
+    """
+    try:
+        for adapter in set(session.adapters.values()):
+            manager = getattr(adapter, "poolmanager", None)
+            pools = getattr(manager, "pools", None)
+            if pools is None:
+                continue
+            for key in list(pools.keys()):
+                conn_pool = pools.get(key)
+                if conn_pool is not None:
+                    conn_pool.close()
+        session.close()
+    except Exception:  # pragma: no cover - best effort
+        logger.debug("closing a session failed", exc_info=True)
+
+
 _GRAVEYARD: list[object] = []
 """Transport state inherited over fork: kept alive forever, never closed (B50)."""
 
@@ -737,10 +759,7 @@ class HttpPools:
             _GRAVEYARD.append(sessions)
             return
         for session in sessions:
-            try:
-                session.close()
-            except Exception:  # pragma: no cover - best effort
-                logger.debug("closing a session failed", exc_info=True)
+            _close_session(session)
 
     def __repr__(self) -> str:
         return f"<HttpPools {self.base_url} pid={self.pid} users={self._users}>"

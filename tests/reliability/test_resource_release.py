@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import secrets
 
-import pytest
 from reliability_helpers import HANG, fd_targets, open_fds, prompt, wait_all
 
 import tinker_sync
@@ -40,11 +39,6 @@ def test_close_releases_sockets_after_a_clean_run() -> None:
     assert not left, fd_targets(left)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: HttpPools.close() leaves urllib3 pools open after a lost reply "
-    "(sockets close only when the cyclic GC runs)",
-)
 def test_close_releases_sockets_after_lost_replies() -> None:
     """A dropped connection (the server acted, the reply was lost) is retried and succeeds;
     afterwards ``close()`` must still close every keep-alive socket of the client."""

@@ -23,7 +23,6 @@ return to the baseline taken before the client existed.
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import secrets
@@ -213,9 +212,6 @@ def test_soak_samples_and_training_through_faults() -> None:
         assert wait_until(
             lambda: {t for t in live_threads() if t.is_alive()} <= base_threads, IDLE_EXIT_BOUND
         ), f"threads still alive: {sorted(t.name for t in live_threads() - base_threads)}"
-        # Collect first: after a lost reply the transport's urllib3 pools close their sockets
-        # only when collected -- the GC-free check is test_resource_release.py's strict xfail.
-        gc.collect()
         assert wait_until(lambda: open_fds() <= base_fds, 10.0), (
             f"fds left open after close(): {fd_targets(open_fds() - base_fds)}"
         )
