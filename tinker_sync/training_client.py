@@ -575,18 +575,17 @@ class TrainingClient:
                 raise TypeError("overwrite must be a bool")
 
             def body(seq_id: int) -> dict[str, Any]:
-                out: dict[str, Any] = {
-                    "model_id": self.model_id,
-                    "path": name,
-                    "seq_id": seq_id,
-                    "overwrite": overwrite,
-                    "type": "save_weights",
-                }
-                if ttl_seconds is not None:
-                    out["ttl_seconds"] = ttl_seconds
-                if user_metadata is not None:
-                    out["user_metadata"] = dict(user_metadata)
-                return out
+                return _with_optional(
+                    {
+                        "model_id": self.model_id,
+                        "path": name,
+                        "seq_id": seq_id,
+                        "overwrite": overwrite,
+                        "type": "save_weights",
+                    },
+                    ttl_seconds=ttl_seconds,
+                    user_metadata=None if user_metadata is None else dict(user_metadata),
+                )
 
             return self._single_op(
                 "TrainingClient.save_state",
@@ -605,16 +604,16 @@ class TrainingClient:
         ParsedCheckpointTinkerPath.from_tinker_path(path)
 
         def body(seq_id: int) -> dict[str, Any]:
-            out: dict[str, Any] = {
-                "model_id": self.model_id,
-                "seq_id": seq_id,
-                "path": path,
-                "optimizer": optimizer,
-                "type": "load_weights",
-            }
-            if weights_access_token is not None:
-                out["weights_access_token"] = weights_access_token
-            return out
+            return _with_optional(
+                {
+                    "model_id": self.model_id,
+                    "seq_id": seq_id,
+                    "path": path,
+                    "optimizer": optimizer,
+                    "type": "load_weights",
+                },
+                weights_access_token=weights_access_token,
+            )
 
         return self._single_op(
             method, "LoadWeights", "/api/v1/load_weights", body, _decode_as(LoadWeightsResponse)
@@ -651,18 +650,17 @@ class TrainingClient:
             _check_ttl(ttl_seconds)
 
             def body(seq_id: int) -> dict[str, Any]:
-                out: dict[str, Any] = {
-                    "model_id": self.model_id,
-                    "path": name,
-                    "kind": "snapshot",
-                    "seq_id": seq_id,
-                    "type": "save_weights_for_sampler",
-                }
-                if ttl_seconds is not None:
-                    out["ttl_seconds"] = ttl_seconds
-                if user_metadata is not None:
-                    out["user_metadata"] = dict(user_metadata)
-                return out
+                return _with_optional(
+                    {
+                        "model_id": self.model_id,
+                        "path": name,
+                        "kind": "snapshot",
+                        "seq_id": seq_id,
+                        "type": "save_weights_for_sampler",
+                    },
+                    ttl_seconds=ttl_seconds,
+                    user_metadata=None if user_metadata is None else dict(user_metadata),
+                )
 
             return self._single_op(
                 "TrainingClient.save_weights_for_sampler",
@@ -691,17 +689,18 @@ class TrainingClient:
                 raise TypeError("age_encryption_recipients must be a list of str")
 
             def body(seq_id: int) -> dict[str, Any]:
-                out: dict[str, Any] = {
-                    "model_id": self.model_id,
-                    "path": name,
-                    "seq_id": seq_id,
-                    "type": "save_weights_external",
-                }
-                if ttl_seconds is not None:
-                    out["ttl_seconds"] = ttl_seconds
-                if age_encryption_recipients is not None:
-                    out["age_encryption_recipients"] = list(age_encryption_recipients)
-                return out
+                return _with_optional(
+                    {
+                        "model_id": self.model_id,
+                        "path": name,
+                        "seq_id": seq_id,
+                        "type": "save_weights_external",
+                    },
+                    ttl_seconds=ttl_seconds,
+                    age_encryption_recipients=None
+                    if age_encryption_recipients is None
+                    else list(age_encryption_recipients),
+                )
 
             return self._single_op(
                 "TrainingClient.save_weights_external",
@@ -903,6 +902,12 @@ def _decode_as(cls: type[T]) -> Callable[[Decision], T]:
         return from_json(cls, decision.body)
 
     return decode
+
+
+def _with_optional(body: dict[str, Any], **optional: Any) -> dict[str, Any]:
+    """``body`` plus the optional fields that are set (None means "not sent")."""
+    body.update({key: value for key, value in optional.items() if value is not None})
+    return body
 
 
 def _check_name(name: object) -> None:
