@@ -9,6 +9,17 @@ import pytest
 
 from tinker_sync._ratelimit import reset_limiters
 
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # pragma: no cover - hypothesis is in the test extra
+    pass
+else:
+    # CI replays the same examples every run (never flaky); locally each run explores new
+    # ones. Registered here, before test modules build their own settings from the profile.
+    _hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+    if os.environ.get("CI"):
+        _hypothesis_settings.load_profile("ci")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Full-size variants (minutes each) run only on request; their reduced twins always run."""
