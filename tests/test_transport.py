@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 import requests
-import requests.adapters
 import requests.exceptions
+import urllib3
 import urllib3.exceptions
 
 from tinker_sync import _transport
@@ -304,7 +304,7 @@ def test_post_headers(stub: Stub) -> None:
         assert seen.header(name) == value, name
     assert USER_AGENT.startswith("tinker-sync/") and "(protocol 0.38.0)" in USER_AGENT
     assert seen.header("Authorization") is None
-    assert seen.header("Accept-Encoding") == requests.utils.DEFAULT_ACCEPT_ENCODING
+    assert seen.header("Accept-Encoding") == requests.utils.DEFAULT_ACCEPT_ENCODING  # as before
 
 
 def test_get_headers_and_query(stub: Stub) -> None:
@@ -386,19 +386,9 @@ def test_redirect_strips_secrets_across_origins(stub: Stub) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-class TimeoutSpy(requests.adapters.HTTPAdapter):
-    """A real adapter that also records the timeout of every request it sends."""
-
-    def __init__(self, log: list[Any], **kw: Any) -> None:
-        super().__init__(**kw)
-        self.log = log
-
-    def send(self, request: Any, **kw: Any) -> Any:  # type: ignore[override]
-        self.log.append(kw.get("timeout"))
-        return super().send(request, **kw)
-
-
-def test_every_request_has_connect_and_read_timeouts(stub: Stub) -> None:
+def test_every_request_has_connect_and_read_timeouts(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log: list[Any] = []
     cases = [
         (None, None, (5.0, 60.0)),
@@ -408,10 +398,17 @@ def test_every_request_has_connect_and_read_timeouts(stub: Stub) -> None:
         (30, None, (30.0, 30.0)),
         (Timeout(20.0), None, (5.0, 20.0)),
     ]
+    real_urlopen = urllib3.HTTPConnectionPool.urlopen
+
+    def spy(self: Any, *args: Any, **kw: Any) -> Any:  # records what urllib3 was given
+        timeout = kw["timeout"]
+        log.append((timeout.connect_timeout, timeout.read_timeout))
+        return real_urlopen(self, *args, **kw)
+
+    monkeypatch.setattr(urllib3.HTTPConnectionPool, "urlopen", spy)
     for client_timeout, spec_timeout, expected in cases:
         with transport_for(stub.url, timeout=client_timeout) as t:
             for pool in Pool:
-                t.pools().session(pool).mount("http://", TimeoutSpy(log, max_retries=0))
                 t.send_once(post(pool=pool, timeout=spec_timeout))
                 t.send_once(get(pool=pool, timeout=spec_timeout))
         assert log == [expected] * (2 * len(Pool)), (client_timeout, spec_timeout)
@@ -439,8 +436,8 @@ def test_connection_refused_is_not_sent() -> None:
     assert type(err) is APIConnectError and err.outcome is RequestOutcome.NOT_SENT
     assert err.request is not None and err.request.headers["X-API-Key"] == "<redacted>"
     assert KEY not in str(err) and KEY not in repr(err.request.headers)
-    assert isinstance(err.__cause__, requests.exceptions.ConnectionError)
-    assert err.__cause__.request is None  # the PreparedRequest (with the key) was dropped
+    assert isinstance(err.__cause__, urllib3.exceptions.NewConnectionError)
+    assert KEY not in repr(vars(err.__cause__))  # the urllib3 error holds no headers
 
 
 def test_read_timeout(stub: Stub) -> None:
@@ -513,6 +510,12 @@ def _chain(outer: BaseException, cause: BaseException) -> BaseException:
             ),
             APIConnectionError,
         ),
+        (urllib3.exceptions.NewConnectionError(None, "refused"), APIConnectError),
+        (urllib3.exceptions.SSLError("bad handshake"), APIConnectError),
+        (urllib3.exceptions.ReadTimeoutError(None, "/x", "timed out"), APITimeoutError),  # type: ignore[arg-type]
+        (urllib3.exceptions.ProtocolError("aborted", ConnectionResetError()), APIConnectionError),
+        (urllib3.exceptions.DecodeError("bad gzip"), APIConnectionError),
+        (urllib3.exceptions.LocationParseError("::bad"), None),
         (requests.exceptions.InvalidURL("bad url"), None),
         (requests.exceptions.MissingSchema("no scheme"), None),
         (ValueError("a bug"), None),
@@ -561,14 +564,14 @@ def test_bare_400_budget_drains_and_refills(stub: Stub) -> None:
     empty_400 = (400, {}, b"")
     with transport_for(stub.url) as t:
         pools = t.pools()
-        first_session = pools.session(Pool.SAMPLE)
+        first_route = pools.route(Pool.SAMPLE)
         stub.script("/api/v1/x", *[empty_400] * (BARE_400_BUDGET + 1))
         for i in range(BARE_400_BUDGET):
             with pytest.raises(APIConnectionError) as info:
                 t.send_once(post(pool=Pool.SAMPLE))
             assert type(info.value) is APIConnectionError
             assert pools.budget(Pool.SAMPLE) == BARE_400_BUDGET - 1 - i
-        assert pools.session(Pool.SAMPLE) is not first_session  # connections were reset
+        assert pools.route(Pool.SAMPLE) is not first_route  # connections were reset
         exhausted = t.send_once(post(pool=Pool.SAMPLE))  # budget gone: a real 400
         assert exhausted.status == 400 and isinstance(error_from_reply(exhausted), BadRequestError)
         assert pools.budget(Pool.TRAIN) == BARE_400_BUDGET  # budgets are per pool
@@ -784,13 +787,9 @@ def test_close_and_shared_pools(stub: Stub) -> None:
 
 
 def _pooled_sockets(t: Transport, pool: Pool) -> list[socket.socket]:
-    adapter = t.pools().session(pool).get_adapter(t.base_url)
-    socks = []
-    for conn_pool in adapter.poolmanager.pools._container.values():  # type: ignore[attr-defined]
-        for conn in list(conn_pool.pool.queue):
-            if conn is not None and conn.sock is not None:
-                socks.append(conn.sock)
-    return socks
+    conn_pool = t.pools().route(pool).origin
+    queued = list(conn_pool.pool.queue) if conn_pool.pool is not None else []
+    return [conn.sock for conn in queued if conn is not None and conn.sock is not None]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

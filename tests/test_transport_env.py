@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tinker_sync._transport import _environment_settings, _new_session
+from tinker_sync._transport import HttpPools, Pool, _environment_settings, _Route
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +38,31 @@ def test_no_proxy_bypasses_the_host(monkeypatch):
     assert _environment_settings("http://127.0.0.1:8000")[0] == {}
 
 
-def test_ca_bundle_and_session_does_not_rescan_the_environment(monkeypatch):
+def test_ca_bundle_is_read_once_per_server(monkeypatch):
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/custom.pem")
-    session = _new_session(4, None, "https://tinker.example.com")
-    assert session.verify == "/etc/ssl/custom.pem"
-    assert session.trust_env is False
+    pools = HttpPools("https://tinker.example.com")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/changed-later.pem")
+    route = pools.route(Pool.TRAIN)
+    assert route.origin.ca_certs == "/etc/ssl/custom.pem"
+    assert route.origin.cert_reqs == "CERT_REQUIRED"
+    pools.close()
+
+
+def test_default_ca_bundle_is_certifi_like_requests():
+    import requests.utils
+
+    route = _Route("https://tinker.example.com", 4, None, ({}, True))
+    assert route.origin.ca_certs == requests.utils.DEFAULT_CA_BUNDLE_PATH
+    route.close()
+
+
+def test_proxied_routes(monkeypatch):
+    tunnel = _Route("https://tinker.example.com", 4, None, ({"https": "http://proxy:3128"}, True))
+    assert not tunnel.forward  # CONNECT tunnel: path-only requests on the origin pool
+    assert tunnel.origin.proxy is not None and tunnel.origin.proxy.host == "proxy"
+    forward = _Route("http://tinker.example.com", 4, None, ({"all": "http://proxy:3128"}, True))
+    assert forward.forward  # plain HTTP via a proxy: absolute URLs through the manager
+    direct = _Route("http://tinker.example.com", 4, None, ({"https": "http://proxy:3128"}, True))
+    assert not direct.forward and direct.origin.proxy is None
+    for route in (tunnel, forward, direct):
+        route.close()

@@ -11,22 +11,28 @@ Usage::
     reply.status, reply.headers["content-type"], reply.json()
     transport.close()
 
-Layers: :class:`HttpPools` holds one ``requests.Session`` per :class:`Pool` for one
+Layers: :class:`HttpPools` holds one set of urllib3 connection pools per :class:`Pool` for one
 ``(pid, normalized base_url)``, shared by every :class:`Transport` of that server in the
-process (reference counted; the last ``close()`` closes the sessions). A :class:`Transport` is
-the per-client view: config (headers, timeouts), the :class:`~tinker_sync._config.AuthProvider`,
-hooks and the clock.
+process (reference counted; the last ``close()`` closes the connections). A :class:`Transport`
+is the per-client view: config (headers, timeouts), the
+:class:`~tinker_sync._config.AuthProvider`, hooks and the clock.
 
-Every request carries explicit ``(connect, read)`` timeouts (B30), goes through an
-``HTTPAdapter(max_retries=0)`` (the SDK owns all retries) and is mapped on failure to the SDK
-exceptions: connect failures -> :class:`APIConnectError` / :class:`APIConnectTimeoutError`
-(never sent), read timeouts -> :class:`APITimeoutError`, anything else on the wire (reset,
-dropped mid-response, EBADF) -> :class:`APIConnectionError`. HTTP error statuses are returned
-as a :class:`Reply`; the retry layer turns them into exceptions (:func:`error_from_reply`).
+urllib3 directly, not requests: per request, requests' Session machinery (settings merges,
+environment scans, header dict copies) cost more client CPU than the HTTP exchange itself.
+What it provided is done here once per server: proxies and the CA bundle come from the same
+environment variables (:func:`_environment_settings`), redirects are followed (up to
+:data:`MAX_REDIRECTS`, secrets dropped across origins) and ``~/.netrc`` is never read.
+
+Every request carries explicit ``(connect, read)`` timeouts (B30), is sent with urllib3
+retries off (the SDK owns all retries) and is mapped on failure to the SDK exceptions: connect
+failures -> :class:`APIConnectError` / :class:`APIConnectTimeoutError` (never sent), read
+timeouts -> :class:`APITimeoutError`, anything else on the wire (reset, dropped mid-response,
+EBADF) -> :class:`APIConnectionError`. HTTP error statuses are returned as a :class:`Reply`;
+the retry layer turns them into exceptions (:func:`error_from_reply`).
 
 Pools and HTTP/1.1: a urllib3 connection carries one request at a time (no pipelining), so the
 official "TRAIN = 1 request per client" rule holds as long as the pool never blocks; pools use
-``pool_block=False`` and are sized above their thread counts, so concurrent requests never share
+``block=False`` and are sized above their thread counts, so concurrent requests never share
 a connection and connections are still kept alive between requests (no ``Connection: close``,
 which would cost a TLS handshake per training call).
 
@@ -48,23 +54,26 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+import functools
 import json as _json
 import logging
+import os
 import platform
 import socket
+import sys
+import urllib.parse
 import uuid
 import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
-import requests
-import requests.adapters
-import requests.exceptions
 import urllib3.exceptions
-from requests.utils import DEFAULT_ACCEPT_ENCODING
+from urllib3 import PoolManager, ProxyManager
+from urllib3 import Timeout as _Urllib3Timeout
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.util import make_headers
 
 from tinker_sync._clock import SYSTEM_CLOCK, Clock, register_exit_callback
 from tinker_sync._config import PROTOCOL_VERSION, AuthProvider, ClientConfig, Timeout
@@ -421,19 +430,26 @@ def _related(exc: BaseException) -> Iterator[BaseException]:
         stack.extend(reversed(nested))
 
 
-_PROGRAMMING_ERRORS = (
-    requests.exceptions.InvalidURL,
-    requests.exceptions.MissingSchema,
-    requests.exceptions.InvalidSchema,
-    requests.exceptions.InvalidHeader,
-    requests.exceptions.URLRequired,
-)
+def _requests_exceptions() -> Any:
+    """``requests.exceptions`` if something imported it (else no such exception can exist)."""
+    return sys.modules.get("requests.exceptions")
+
+
+def _is_programming_error(exc: BaseException) -> bool:
+    """A malformed URL or header: a bug to raise as is, not a transport failure."""
+    if isinstance(exc, urllib3.exceptions.LocationValueError):
+        return True
+    rex = _requests_exceptions()
+    return rex is not None and isinstance(
+        exc,
+        (rex.InvalidURL, rex.MissingSchema, rex.InvalidSchema, rex.InvalidHeader, rex.URLRequired),
+    )
 
 
 def map_transport_error(
     exc: BaseException, request: RequestSnapshot | None = None
 ) -> APIConnectionError | None:
-    """Map a requests/urllib3/OS failure to the SDK exception, or None if it is not one.
+    """Map a urllib3/requests/OS failure to the SDK exception, or None if it is not one.
 
     * connect timeout -> :class:`APIConnectTimeoutError` (NOT_SENT)
     * refused / DNS / TLS / proxy / closed pool -> :class:`APIConnectError` (NOT_SENT)
@@ -442,37 +458,36 @@ def map_transport_error(
     """
     if isinstance(exc, APIConnectionError):
         return exc
-    if isinstance(exc, _PROGRAMMING_ERRORS):
+    if _is_programming_error(exc):
         return None
+    rex = _requests_exceptions()
     chain = list(_related(exc))
     detail = scrub(_describe(exc))[:300]
-    if isinstance(exc, requests.exceptions.ConnectTimeout) or any(
+    if (rex is not None and isinstance(exc, rex.ConnectTimeout)) or any(
         isinstance(e, urllib3.exceptions.ConnectTimeoutError)
         and not isinstance(e, urllib3.exceptions.NewConnectionError)
         for e in chain
     ):
         return APIConnectTimeoutError(f"Connect timed out: {detail}", request)
-    if any(
-        isinstance(
-            e,
-            (
-                urllib3.exceptions.NewConnectionError,
-                urllib3.exceptions.ClosedPoolError,
-                urllib3.exceptions.ProxyError,
-                requests.exceptions.ProxyError,
-                ConnectionRefusedError,
-            ),
-        )
-        for e in chain
-    ) or isinstance(exc, requests.exceptions.SSLError):
+    refused: tuple[type[BaseException], ...] = (
+        urllib3.exceptions.NewConnectionError,
+        urllib3.exceptions.ClosedPoolError,
+        urllib3.exceptions.ProxyError,
+        urllib3.exceptions.SSLError,
+        ConnectionRefusedError,
+    )
+    if rex is not None:
+        refused = (*refused, rex.ProxyError, rex.SSLError)
+    if any(isinstance(e, refused) for e in chain):
         return APIConnectError(f"Connection failed: {detail}", request)
-    if isinstance(exc, requests.exceptions.ReadTimeout) or any(
+    if (rex is not None and isinstance(exc, rex.ReadTimeout)) or any(
         isinstance(e, (urllib3.exceptions.ReadTimeoutError, TimeoutError)) for e in chain
     ):
         return APITimeoutError(f"Request timed out: {detail}", request)
-    if isinstance(
-        exc, (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError)
-    ):
+    wire: tuple[type[BaseException], ...] = (urllib3.exceptions.HTTPError, OSError)
+    if rex is not None:
+        wire = (*wire, rex.RequestException)
+    if isinstance(exc, wire):
         return APIConnectionError(f"Connection error: {detail}", request)
     return None
 
@@ -487,32 +502,9 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__} ({type(innermost).__name__}: {text})"
 
 
-def _strip_request_refs(exc: BaseException) -> None:
-    """requests exceptions keep the PreparedRequest (with X-API-Key): drop it."""
-    for e in _related(exc):
-        if isinstance(e, requests.exceptions.RequestException):
-            e.request = None
-            e.response = None
-
-
 # --------------------------------------------------------------------------------------------
-# Sessions and pools
+# Connection pools
 # --------------------------------------------------------------------------------------------
-
-
-def _no_netrc(request: Any) -> Any:
-    """Session-level auth that does nothing: stops requests from applying ~/.netrc."""
-    return request
-
-
-class _Session(requests.Session):
-    """A Session that strips secret headers (X-API-Key, CF-Access-*) on cross-origin redirects."""
-
-    def rebuild_auth(self, prepared_request: Any, response: Any) -> None:
-        headers = prepared_request.headers
-        if self.should_strip_auth(response.request.url, prepared_request.url):  # type: ignore[no-untyped-call]
-            for name in [n for n in headers if is_secret_header(n)]:
-                del headers[name]
 
 
 class _InflightTracker:
@@ -611,10 +603,9 @@ def _tracking_pool_classes(tracker: _InflightTracker) -> dict[str, type[HTTPConn
 def _environment_settings(base_url: str) -> tuple[dict[str, str], bool | str]:
     """Proxies and CA bundle from the environment, resolved once per server.
 
-    ``requests`` would rescan ``os.environ`` twice per request (a quarter of the client's CPU
-    on small requests); the same variables are honoured here, once: ``HTTP(S)_PROXY`` /
+    The variables ``requests`` honours, read once rather than per request: ``HTTP(S)_PROXY`` /
     ``ALL_PROXY`` unless ``NO_PROXY`` bypasses the host, and ``REQUESTS_CA_BUNDLE`` /
-    ``CURL_CA_BUNDLE``.
+    ``CURL_CA_BUNDLE``. Returns ``(proxies by scheme, verify)``.
     """
     import os
     import urllib.parse
@@ -631,44 +622,67 @@ def _environment_settings(base_url: str) -> tuple[dict[str, str], bool | str]:
     return proxies, verify
 
 
-def _new_session(
-    size: int, tracker: _InflightTracker | None = None, base_url: str = ""
-) -> requests.Session:
-    session = _Session()
-    session.headers.clear()
-    session.auth = _no_netrc
-    session.trust_env = False
-    session.proxies, session.verify = _environment_settings(base_url)
-    adapter = requests.adapters.HTTPAdapter(
-        pool_connections=4, pool_maxsize=size, max_retries=0, pool_block=False
-    )
-    if tracker is not None:
-        adapter.poolmanager.pool_classes_by_scheme = _tracking_pool_classes(tracker)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session
+def _proxy_for(proxies: Mapping[str, str], scheme: str) -> str | None:
+    return proxies.get(scheme) or proxies.get("all")
 
 
-def _close_session(session: requests.Session) -> None:
-    """Close a Session and its sockets now.
+def _tls_settings(verify: bool | str) -> dict[str, Any]:
+    """urllib3 keyword arguments for ``verify`` (True: the certifi bundle, as requests does)."""
+    if verify is False:
+        return {"cert_reqs": "CERT_NONE"}
+    if verify is True:
+        from requests.utils import DEFAULT_CA_BUNDLE_PATH  # certifi's bundle
 
-    ``Session.close()`` only clears urllib3's pool manager, which (in urllib3 2) does not close
-    the connection pools: after a lost reply a pool can sit in a reference cycle with its
-    keep-alive sockets open until the garbage collector runs. Close each pool explicitly.
+        return {"cert_reqs": "CERT_REQUIRED", "ca_certs": DEFAULT_CA_BUNDLE_PATH}
+    if os.path.isdir(verify):
+        return {"cert_reqs": "CERT_REQUIRED", "ca_cert_dir": verify}
+    return {"cert_reqs": "CERT_REQUIRED", "ca_certs": verify}
+
+
+class _Route:
+    """How one :class:`Pool` reaches the server: a urllib3 pool manager and the origin's pool.
+
+    Requests to the base URL's origin go straight to ``origin`` (path-only request target),
+    skipping the manager's per-request URL parsing; ``forward`` is set when a plain-HTTP proxy
+    must see absolute URLs, in which case every request goes through the manager. Redirects to
+    other origins always go through the manager.
     """
-    try:
-        for adapter in set(session.adapters.values()):
-            manager = getattr(adapter, "poolmanager", None)
-            pools = getattr(manager, "pools", None)
-            if pools is None:
-                continue
-            for key in list(pools.keys()):
-                conn_pool = pools.get(key)
-                if conn_pool is not None:
-                    conn_pool.close()
-        session.close()
-    except Exception:  # pragma: no cover - best effort
-        logger.debug("closing a session failed", exc_info=True)
+
+    def __init__(
+        self,
+        base_url: str,
+        size: int,
+        tracker: _InflightTracker | None,
+        settings: tuple[Mapping[str, str], bool | str],
+    ) -> None:
+        proxies, verify = settings
+        scheme = urllib.parse.urlsplit(base_url).scheme or "http"
+        kw: dict[str, Any] = {"maxsize": size, "block": False, "retries": False}
+        if scheme == "https":
+            kw.update(_tls_settings(verify))
+        proxy = _proxy_for(proxies, scheme)
+        manager: PoolManager
+        if proxy is None:
+            manager = PoolManager(num_pools=4, **kw)
+        elif proxy.lower().startswith("socks"):
+            from urllib3.contrib.socks import SOCKSProxyManager
+
+            manager = SOCKSProxyManager(proxy, num_pools=4, **kw)
+        else:
+            manager = ProxyManager(proxy, num_pools=4, **kw)
+        if tracker is not None:
+            manager.pool_classes_by_scheme = _tracking_pool_classes(tracker)
+        self.manager = manager
+        self.forward = isinstance(manager, ProxyManager) and scheme == "http"
+        self.origin = manager.connection_from_url(base_url)
+
+    def close(self) -> None:
+        """Close every connection now (urllib3 2 leaves pools open until collected)."""
+        try:
+            self.origin.close()
+            self.manager.clear()
+        except Exception:  # pragma: no cover - best effort
+            logger.debug("closing connection pools failed", exc_info=True)
 
 
 _GRAVEYARD: list[object] = []
@@ -676,9 +690,10 @@ _GRAVEYARD: list[object] = []
 
 
 class HttpPools:
-    """One ``requests.Session`` per :class:`Pool` for one (pid, normalized base_url).
+    """One :class:`_Route` (urllib3 connection pools) per :class:`Pool` for one server.
 
-    Get one with :func:`acquire_pools`. Also holds the per-pool bare-400 budgets (§5.3).
+    Keyed by (pid, normalized base_url); get one with :func:`acquire_pools`. Also holds the
+    per-pool bare-400 budgets (§5.3).
     Thread safety: all methods are thread-safe. Fork safety: abandoned in a child (see module).
     """
 
@@ -686,33 +701,37 @@ class HttpPools:
         self.base_url = base_url
         self.pid = current_pid()
         self._sizes = {**DEFAULT_POOL_SIZES, **(sizes or {})}
+        self._settings = _environment_settings(base_url)
         self._lock = make_lock()
-        self._sessions: dict[Pool, requests.Session] = {}
+        self._routes: dict[Pool, _Route] = {}
         self._budget: dict[Pool, int] = dict.fromkeys(Pool, BARE_400_BUDGET)
         self._inflight = {pool: _InflightTracker() for pool in Pool}
         self._users = 0
         self.closed = False
 
-    def session(self, pool: Pool) -> requests.Session:
-        """The Session for ``pool`` (created on first use)."""
+    def route(self, pool: Pool) -> _Route:
+        """The connection pools for ``pool`` (created on first use)."""
+        route = self._routes.get(pool)
+        if route is not None and not self.closed:
+            return route
         with self._lock:
             if self.closed:
                 raise ClientClosedError("HTTP connection pools are closed")
-            session = self._sessions.get(pool)
-            if session is None:
-                session = self._sessions[pool] = _new_session(
-                    self._sizes[pool], self._inflight[pool], self.base_url
+            route = self._routes.get(pool)
+            if route is None:
+                route = self._routes[pool] = _Route(
+                    self.base_url, self._sizes[pool], self._inflight[pool], self._settings
                 )
-            return session
+            return route
 
     def reset(self, pool: Pool) -> None:
-        """Replace ``pool``'s Session so new requests open new connections.
+        """Replace ``pool``'s connections so new requests open new ones.
 
-        Requests in flight finish on the old Session, which is then left to the garbage
+        Requests in flight finish on the old pools, which are then left to the garbage
         collector (like the official pool, which replaces its client without closing it).
         """
         with self._lock:
-            self._sessions.pop(pool, None)
+            self._routes.pop(pool, None)
 
     def take_bare_400(self, pool: Pool) -> bool:
         """Spend one unit of ``pool``'s bare-400 budget; False when it is exhausted."""
@@ -724,6 +743,8 @@ class HttpPools:
 
     def refill(self, pool: Pool) -> None:
         """A successful request earns one unit back (up to :data:`BARE_400_BUDGET`)."""
+        if self._budget[pool] >= BARE_400_BUDGET:  # the common case, without the lock
+            return
         with self._lock:
             if self._budget[pool] < BARE_400_BUDGET:
                 self._budget[pool] += 1
@@ -748,18 +769,18 @@ class HttpPools:
         return sum(t.abort(sticky=p in sticky) for p, t in self._inflight.items())
 
     def close(self) -> None:
-        """Close every Session (only in the process that created them)."""
+        """Close every connection (only in the process that opened them)."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
-            sessions = list(self._sessions.values())
-            self._sessions.clear()
+            routes = list(self._routes.values())
+            self._routes.clear()
         if self.pid != current_pid():
-            _GRAVEYARD.append(sessions)
+            _GRAVEYARD.append(routes)
             return
-        for session in sessions:
-            _close_session(session)
+        for route in routes:
+            route.close()
 
     def __repr__(self) -> str:
         return f"<HttpPools {self.base_url} pid={self.pid} users={self._users}>"
@@ -852,6 +873,13 @@ def _platform_headers() -> dict[str, str]:
 
 
 _PLATFORM_HEADERS = _platform_headers()
+_ACCEPT_ENCODING = ", ".join(
+    part.strip() for part in make_headers(accept_encoding=True)["accept-encoding"].split(",")
+)
+_BASE_HEADERS = {"Accept-Encoding": _ACCEPT_ENCODING, "User-Agent": USER_AGENT, **_PLATFORM_HEADERS}
+"""Headers every request carries, in order, after ``Accept``."""
+_PROTO = "application/x-protobuf"
+_JSON = "application/json"
 _seen_deprecations: set[str] = set()
 _deprecations_lock = make_lock()
 
@@ -930,35 +958,34 @@ class Transport:
 
     # -- sending -----------------------------------------------------------------------------
     def build_headers(self, spec: RequestSpec, attempt: int, token: str | None) -> dict[str, str]:
-        """The exact headers of one attempt (B36). Contains secrets: never log unredacted."""
+        """The exact headers of one attempt (B36). Contains secrets: never log unredacted.
+
+        Later sources win, case-insensitively: SDK headers, then ``spec.headers``, then the
+        config's (Cloudflare, user) headers, then the credential.
+        """
         timeout = spec.timeout or self.config.timeout
-        merged: dict[str, tuple[str, str]] = {}
-
-        def put(name: str, value: str) -> None:
-            merged[name.lower()] = (name, value)
-
-        put("Accept", "application/x-protobuf" if spec.expect == "proto" else "application/json")
-        put("Accept-Encoding", DEFAULT_ACCEPT_ENCODING)
-        put("User-Agent", USER_AGENT)
-        for name, value in _PLATFORM_HEADERS.items():
-            put(name, value)
-        put("x-stainless-retry-count", str(attempt))
+        headers = {
+            "Accept": _PROTO if spec.expect == "proto" else _JSON,
+            **_BASE_HEADERS,
+            "x-stainless-retry-count": str(attempt),
+        }
         if timeout.read is not None:
-            put("x-stainless-read-timeout", _fmt_seconds(timeout.read))
+            headers["x-stainless-read-timeout"] = _fmt_seconds(timeout.read)
         if spec.content is not None and spec.content_type:
-            put("Content-Type", spec.content_type)
+            headers["Content-Type"] = spec.content_type
         if spec.idempotency_key and spec.method != "GET":
-            put("X-Idempotency-Key", spec.idempotency_key)
+            headers["X-Idempotency-Key"] = spec.idempotency_key
         if spec.sdk_method:
-            put("x-sdk-version", PROTOCOL_VERSION)
-            put("x-sdk-method", spec.sdk_method)
-        for name, value in spec.headers.items():
-            put(name, value)
-        for name, value in self._static_headers.items():
-            put(name, value)
+            headers["x-sdk-version"] = PROTOCOL_VERSION
+            headers["x-sdk-method"] = spec.sdk_method
+        if spec.headers or self._static_headers:
+            headers = _merge(headers, spec.headers, self._static_headers)
         if token:
-            put("X-API-Key", token)
-        return dict(merged.values())
+            if "X-API-Key" not in headers and any(k.lower() == "x-api-key" for k in headers):
+                headers = _merge(headers, {"X-API-Key": token})
+            else:
+                headers["X-API-Key"] = token
+        return headers
 
     def send_once(self, spec: RequestSpec, attempt: int = 0) -> Reply:
         """Send ``spec`` once (plus one replay after an ``invalid_token`` 401).
@@ -991,8 +1018,13 @@ class Transport:
     def _exchange(
         self, pools: HttpPools, spec: RequestSpec, attempt: int, token: str | None
     ) -> Reply:
-        session = pools.session(spec.pool)
-        url = self.base_url + spec.path
+        route = pools.route(spec.pool)
+        target = spec.path
+        if spec.params:
+            query = [(k, _param(v)) for k, v in spec.params.items() if v is not None]
+            if query:
+                target += "?" + urllib.parse.urlencode(query, doseq=True)
+        url = self.base_url + target
         timeout = spec.timeout or self.config.timeout
         headers = self.build_headers(spec, attempt, token)
         debug = logger.isEnabledFor(logging.DEBUG)
@@ -1006,26 +1038,15 @@ class Transport:
                 timeout.as_tuple(),
                 redact_headers(headers),
             )
-        params = None
-        if spec.params:
-            params = {k: _param(v) for k, v in spec.params.items() if v is not None}
         start = self.clock.monotonic()
         try:
-            response = session.request(
-                spec.method,
-                url,
-                params=params,
-                data=spec.content,
-                headers=headers,
-                timeout=timeout.as_tuple(),
-                allow_redirects=True,
+            response, url = _urlopen(
+                route, spec.method, target, url, spec.content, headers, _timeout(timeout)
             )
-            content = response.content
+            content = response.data
         except Exception as exc:
             duration = self.clock.monotonic() - start
-            snapshot = RequestSnapshot(spec.method, url, headers)
-            mapped = map_transport_error(exc, snapshot)
-            _strip_request_refs(exc)
+            mapped = map_transport_error(exc, RequestSnapshot(spec.method, url, headers))
             self._emit_request(spec, attempt, None, duration, type(mapped or exc).__name__)
             if debug:
                 logger.debug("HTTP %s %s failed: %r", spec.method, spec.path, mapped or exc)
@@ -1033,15 +1054,15 @@ class Transport:
                 raise
             raise mapped from exc
         duration = self.clock.monotonic() - start
-        reply_headers = {k.lower(): v for k, v in response.headers.items()}
-        status = response.status_code
+        reply_headers = {k.lower(): v for k, v in response.headers.itermerged()}
+        status = response.status
         reply = Reply(
             status=status,
             headers=reply_headers,
             content=content,
             elapsed=duration,
             method=spec.method,
-            url=response.url or url,
+            url=url,
             request=RequestSnapshot(spec.method, url, headers) if status >= 400 else None,
         )
         if debug:
@@ -1054,8 +1075,10 @@ class Transport:
                 duration,
                 redact_headers(reply_headers),
             )
-        _log_deprecation(reply_headers)
-        self._emit_request(spec, attempt, status, duration, None)
+        if "x-deprecation-note" in reply_headers:
+            _log_deprecation(reply_headers)
+        if self.hooks or _global_hooks:
+            self._emit_request(spec, attempt, status, duration, None)
         return reply
 
     def _emit_request(
@@ -1088,6 +1111,119 @@ class Transport:
 
     def __reduce__(self) -> Any:
         raise TypeError("Transport objects are not picklable")
+
+
+MAX_REDIRECTS = 30
+"""Redirects followed per attempt (as requests does); one more is a connection error."""
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+
+@functools.lru_cache(maxsize=64)
+def _timeout(timeout: Timeout) -> _Urllib3Timeout:
+    return _Urllib3Timeout(connect=timeout.connect, read=timeout.read)
+
+
+def _urlopen(
+    route: _Route,
+    method: str,
+    target: str,
+    url: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    timeout: _Urllib3Timeout,
+) -> tuple[Any, str]:
+    """One HTTP exchange, following redirects; returns the fully read response and its URL.
+
+    The body is read (and decoded) before returning, which hands the connection back to its
+    pool. Cross-origin redirects drop secret headers; 301/302/303 turn into a bodyless GET
+    like a browser (and requests) would.
+    """
+    if route.forward:
+        response = route.manager.urlopen(
+            method,
+            url,
+            body=body,
+            headers=headers,
+            timeout=timeout,
+            retries=False,
+            redirect=False,
+        )
+    else:
+        response = route.origin.urlopen(
+            method,
+            target,
+            body=body,
+            headers=headers,
+            timeout=timeout,
+            retries=False,
+            redirect=False,
+            assert_same_host=False,
+        )
+    redirects = 0
+    while response.status in _REDIRECT_STATUSES:
+        location = response.headers.get("location")
+        if not location:
+            break
+        if redirects >= MAX_REDIRECTS:
+            raise APIConnectionError(f"{method} {url}: more than {MAX_REDIRECTS} redirects")
+        redirects += 1
+        new_url = urllib.parse.urljoin(url, location)
+        status = response.status
+        if (status in (302, 303) and method != "HEAD") or (status == 301 and method == "POST"):
+            method = "GET"
+        if status not in (307, 308):
+            body = None
+            headers = {
+                k: v
+                for k, v in headers.items()
+                if k.lower() not in ("content-type", "content-length", "transfer-encoding")
+            }
+        if _crosses_origin(url, new_url):
+            headers = {k: v for k, v in headers.items() if not is_secret_header(k)}
+        url = new_url
+        response = route.manager.urlopen(
+            method,
+            url,
+            body=body,
+            headers=headers,
+            timeout=timeout,
+            retries=False,
+            redirect=False,
+        )
+    return response, url
+
+
+def _crosses_origin(old_url: str, new_url: str) -> bool:
+    """Whether credentials must be dropped on a redirect from ``old_url`` to ``new_url``.
+
+    Like requests: another host, port or scheme does, except the http -> https upgrade on
+    default ports of the same host.
+    """
+    old, new = urllib.parse.urlsplit(old_url), urllib.parse.urlsplit(new_url)
+    if old.hostname != new.hostname:
+        return True
+    if (
+        (old.scheme, new.scheme) == ("http", "https")
+        and old.port in (80, None)
+        and (new.port in (443, None))
+    ):
+        return False
+    default = {"http": 80, "https": 443}
+    return old.scheme != new.scheme or (old.port or default.get(old.scheme)) != (
+        new.port or default.get(new.scheme)
+    )
+
+
+def _merge(headers: Mapping[str, str], *overrides: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` updated by each of ``overrides`` in turn, names compared case-insensitively.
+
+    A replaced header keeps its position and takes the overriding spelling.
+    """
+    merged = {name.lower(): (name, value) for name, value in headers.items()}
+    for override in overrides:
+        for name, value in override.items():
+            merged[name.lower()] = (name, value)
+    return dict(merged.values())
 
 
 def _param(value: Any) -> Any:
