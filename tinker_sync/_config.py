@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -683,6 +684,10 @@ def _parse_log_level(value: str | None) -> str | None:
     return level if level in ("debug", "info") else None
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_BREAK = re.compile(r"[\r\n\x00]")
+
+
 def _merge_headers(*layers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     """Merge header mappings case-insensitively; later layers win (and keep their spelling)."""
     merged: dict[str, tuple[str, str]] = {}
@@ -690,6 +695,11 @@ def _merge_headers(*layers: Mapping[str, str] | None) -> tuple[tuple[str, str], 
         for name, value in (layer or {}).items():
             if not isinstance(name, str) or not isinstance(value, str):
                 raise TypeError("header names and values must be str")
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"header name {name!r} is not a valid HTTP header name")
+            if _HEADER_BREAK.search(value):
+                # The value may be a secret: name the header, never echo the value.
+                raise ValueError(f"header {name!r}: value contains CR, LF or NUL")
             merged[name.lower()] = (name, value)
     return tuple(merged.values())
 
