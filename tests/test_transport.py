@@ -972,3 +972,62 @@ def test_local_server_should_retry_false_and_exhaustion(
             send_with_retries(t, config_spec())
     assert info.value.status_code == 500 and "injected fault" in str(info.value)
     assert clock.sleeps == [] and len(server.requests) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Prepared header lines and redirects
+# ---------------------------------------------------------------------------------------------
+
+
+def test_prepared_header_lines_match_the_validating_path(stub: Stub) -> None:
+    spec = post(headers={"X-Tinker-Request-Type": "Sample"}, sdk_method="SamplingClient.sample")
+    with transport_for(stub.url) as t:
+        headers = t.build_headers(spec, 0, KEY)
+        assert t.send_once(spec).status == 200
+    assert sum(1 for name, value in headers.items() if (name, value) in _transport._prepared) >= 12
+    plain = urllib3.HTTPConnectionPool("127.0.0.1", stub.server.server_address[1], retries=False)
+    plain.urlopen("POST", spec.path, body=spec.content, headers=headers)  # http.client's path
+    plain.close()
+    fast, slow = stub.seen
+    assert list(fast.headers.items()) == list(slow.headers.items()) and fast.body == slow.body
+
+
+def test_only_plain_ascii_header_lines_are_prepared() -> None:
+    _transport.prepare_headers(
+        {"X-Fine": "ok value", "X-Split": "a\r\nX-Injected: 1", "Bad Name": "v", "X-Uni": "é"}
+    )
+    assert ("X-Fine", "ok value") in _transport._prepared
+    for key in [("X-Split", "a\r\nX-Injected: 1"), ("Bad Name", "v"), ("X-Uni", "é")]:
+        assert key not in _transport._prepared
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"X-A": "a\r\nX-Injected: 1"}, "header 'X-A': value contains CR, LF or NUL"),
+        ({"Bad Name": "v"}, "header name 'Bad Name'"),
+    ],
+)
+def test_unsendable_user_headers_fail_at_construction(overrides: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        config_for("http://127.0.0.1:1", default_headers_overrides=overrides)
+    assert "X-Injected" not in str(info.value)  # the value (maybe a secret) is not echoed
+
+
+def test_303_redirect_becomes_a_get_without_body(stub: Stub) -> None:
+    stub.script("/api/v1/x", (303, {"Location": "/api/v1/result"}, b""))
+    with transport_for(stub.url) as t:
+        reply = t.send_once(post())
+    assert reply.status == 200 and reply.url == stub.url + "/api/v1/result"
+    moved = stub.seen[1]
+    assert (moved.method, moved.body, moved.header("Content-Type")) == ("GET", b"", None)
+    assert moved.header("X-API-Key") == KEY  # same origin keeps the credential
+
+
+def test_redirect_loop_is_a_connection_error(stub: Stub) -> None:
+    stub.script(
+        "/api/v1/x", *[(307, {"Location": "/api/v1/x"}, b"")] * (_transport.MAX_REDIRECTS + 1)
+    )
+    with transport_for(stub.url) as t, pytest.raises(APIConnectionError, match="redirects"):
+        t.send_once(post())
+    assert len(stub.seen) == _transport.MAX_REDIRECTS + 1

@@ -59,6 +59,7 @@ import json as _json
 import logging
 import os
 import platform
+import re
 import socket
 import sys
 import urllib.parse
@@ -560,13 +561,53 @@ def _shutdown(conn: Any) -> bool:
     return True
 
 
+_PREPARED_LIMIT = 4096
+_prepared: dict[tuple[str, str], bytes] = {}
+_LEGAL_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_LEGAL_VALUE = re.compile(r"[\x20-\x7e\t]*")
+
+
+def prepare_headers(headers: Mapping[str, str]) -> None:
+    """Validate and encode header lines sent on many requests, once (see ``_PreparedHeaders``).
+
+    Only plain printable-ASCII names and values are prepared; anything else keeps taking the
+    normal path, which validates it (and rejects CR/LF) on every request. Bounded: past 4,096
+    distinct lines nothing more is prepared.
+    """
+    for name, value in headers.items():
+        key = (name, value)
+        if key in _prepared or len(_prepared) >= _PREPARED_LIMIT:
+            continue
+        if _LEGAL_NAME.fullmatch(name) and _LEGAL_VALUE.fullmatch(value):
+            _prepared[key] = f"{name}: {value}".encode("ascii")
+
+
+class _PreparedHeaders(HTTPConnection):
+    """Writes prepared header lines straight into the request buffer.
+
+    ``http.client`` validates and encodes every header of every request (and urllib3 adds its
+    own pass); a request here carries about 20, most of them the same on every request, which
+    made header writing the largest client-side cost of a small request after the socket
+    calls. Lines registered with :func:`prepare_headers` were checked once and are appended
+    as they are; every other header goes through the normal, validating ``putheader``.
+    """
+
+    def putheader(self, header: str, *values: str) -> None:  # type: ignore[override]  # as urllib3
+        if len(values) == 1:
+            line = _prepared.get((header, values[0]))
+            if line is not None:
+                self._output(line)  # type: ignore[attr-defined]
+                return
+        super().putheader(header, *values)
+
+
 def _tracking_pool_classes(tracker: _InflightTracker) -> dict[str, type[HTTPConnectionPool]]:
-    class _TrackedHTTPConnection(HTTPConnection):
+    class _TrackedHTTPConnection(_PreparedHeaders):
         def connect(self) -> None:
             super().connect()
             tracker.connected(self)
 
-    class _TrackedHTTPSConnection(HTTPSConnection):
+    class _TrackedHTTPSConnection(_PreparedHeaders, HTTPSConnection):
         def connect(self) -> None:
             super().connect()
             tracker.connected(self)
@@ -888,6 +929,14 @@ def _fmt_seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
+prepare_headers(_BASE_HEADERS)
+prepare_headers({"x-sdk-version": PROTOCOL_VERSION})
+for _mime in (_PROTO, _JSON):
+    prepare_headers({"Accept": _mime, "Content-Type": _mime})
+for _n in range(4):
+    prepare_headers({"x-stainless-retry-count": str(_n)})
+
+
 class Transport:
     """The per-client HTTP sender: headers, auth, hooks and one attempt at a time.
 
@@ -917,6 +966,7 @@ class Transport:
         self.base_url = config.normalized_base_url
         self._pool_sizes = dict(pool_sizes or {})
         self._static_headers = config.static_headers()
+        prepare_headers(self._static_headers)
         self._lock = make_lock()
         self._closed = False
         self._pools = acquire_pools(self.base_url, self._pool_sizes)
@@ -970,7 +1020,9 @@ class Transport:
             "x-stainless-retry-count": str(attempt),
         }
         if timeout.read is not None:
-            headers["x-stainless-read-timeout"] = _fmt_seconds(timeout.read)
+            headers["x-stainless-read-timeout"] = read = _fmt_seconds(timeout.read)
+            if ("x-stainless-read-timeout", read) not in _prepared:
+                prepare_headers({"x-stainless-read-timeout": read})
         if spec.content is not None and spec.content_type:
             headers["Content-Type"] = spec.content_type
         if spec.idempotency_key and spec.method != "GET":
@@ -978,13 +1030,13 @@ class Transport:
         if spec.sdk_method:
             headers["x-sdk-version"] = PROTOCOL_VERSION
             headers["x-sdk-method"] = spec.sdk_method
-        if spec.headers or self._static_headers:
-            headers = _merge(headers, spec.headers, self._static_headers)
+            if ("x-sdk-method", spec.sdk_method) not in _prepared:
+                prepare_headers({"x-sdk-method": spec.sdk_method})
+        overrides = [o for o in (spec.headers, self._static_headers) if o]
         if token:
-            if "X-API-Key" not in headers and any(k.lower() == "x-api-key" for k in headers):
-                headers = _merge(headers, {"X-API-Key": token})
-            else:
-                headers["X-API-Key"] = token
+            overrides.append({"X-API-Key": token})
+        if overrides:
+            headers = _merge(headers, *overrides)
         return headers
 
     def send_once(self, spec: RequestSpec, attempt: int = 0) -> Reply:
@@ -1214,16 +1266,29 @@ def _crosses_origin(old_url: str, new_url: str) -> bool:
     )
 
 
-def _merge(headers: Mapping[str, str], *overrides: Mapping[str, str]) -> dict[str, str]:
-    """``headers`` updated by each of ``overrides`` in turn, names compared case-insensitively.
+def _merge(headers: dict[str, str], *overrides: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` updated in place by each of ``overrides`` in turn, case-insensitively.
 
     A replaced header keeps its position and takes the overriding spelling.
     """
-    merged = {name.lower(): (name, value) for name, value in headers.items()}
+    lowered: dict[str, str] | None = None
     for override in overrides:
         for name, value in override.items():
-            merged[name.lower()] = (name, value)
-    return dict(merged.values())
+            if name in headers:  # same spelling: a plain update keeps the position
+                headers[name] = value
+                continue
+            if lowered is None:
+                lowered = {n.lower(): n for n in headers}
+            old = lowered.get(name.lower())
+            if old is None:
+                headers[name] = value
+            else:  # another spelling: rebuild once to keep the position
+                headers = {
+                    (name if n == old else n): (value if n == old else v)
+                    for n, v in headers.items()
+                }
+            lowered[name.lower()] = name
+    return headers
 
 
 def _param(value: Any) -> Any:
