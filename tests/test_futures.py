@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from tinker_sync._executor import Claimable
 from tinker_sync._futures import APIFuture, completed, failed
 from tinker_sync.exceptions import ForkedProcessError
 
@@ -150,3 +151,77 @@ def test_pending_future_fails_fast_in_a_forked_child():
     os.waitpid(pid, 0)
     assert not fut.done()  # the parent's future is untouched
     fut._resolve(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inlining: result() runs a queued step nobody has taken yet
+# ---------------------------------------------------------------------------------------------
+
+
+def _offered(fut: APIFuture[str], value: str, ran_in: list[str]) -> Claimable:
+    def step() -> None:
+        ran_in.append(threading.current_thread().name)
+        fut._resolve(value)
+
+    claimable = Claimable(step)
+    fut._offer(claimable)  # deliberately queued on no pool: only an inlining waiter can run it
+    return claimable
+
+
+def test_result_runs_an_unclaimed_step_in_the_waiting_thread():
+    fut: APIFuture[str] = APIFuture()
+    ran_in: list[str] = []
+    step = _offered(fut, "done", ran_in)
+    assert fut.result() == "done"
+    assert ran_in == [threading.current_thread().name] and step.claimed
+    assert step.run() is False and ran_in == [threading.current_thread().name]  # runs once
+
+
+def test_result_with_a_timeout_never_inlines():
+    fut: APIFuture[str] = APIFuture()
+    ran_in: list[str] = []
+    step = _offered(fut, "done", ran_in)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        fut.result(timeout=0.01)  # a step may block (a long poll): a timeout could not hold
+    assert not step.claimed and ran_in == []
+    assert step.run() and fut.result(timeout=0) == "done"
+
+
+def test_no_inlining_once_a_callback_is_registered():
+    fut: APIFuture[str] = APIFuture()
+    ran_in: list[str] = []
+    step = _offered(fut, "done", ran_in)
+    fut.add_done_callback(lambda f: None)
+    fut._run_inline()  # what result() does first: the waiter may hold a lock the callback needs
+    assert not step.claimed and ran_in == []
+    worker = threading.Thread(target=step.run, name="worker")
+    worker.start()
+    assert fut.result() == "done"
+    worker.join()
+    assert ran_in == ["worker"]
+
+
+def test_a_step_taken_by_a_worker_is_not_run_again():
+    fut: APIFuture[str] = APIFuture()
+    ran_in: list[str] = []
+    step = _offered(fut, "done", ran_in)
+    assert step.run()  # the pool worker won the race
+    assert fut.result() == "done" and len(ran_in) == 1
+
+
+def test_inlined_steps_chain_in_the_waiting_thread():
+    fut: APIFuture[str] = APIFuture()
+    seen: list[tuple[str, bool]] = []
+
+    def second() -> None:
+        seen.append(("second", fut._waited_on_here()))
+        fut._resolve("two steps")
+
+    def first() -> None:
+        seen.append(("first", fut._waited_on_here()))
+        fut._offer(Claimable(second))
+
+    fut._offer(Claimable(first))
+    assert fut.result() == "two steps"
+    assert seen == [("first", True), ("second", True)]
+    assert not fut._waited_on_here()  # only while result() runs them

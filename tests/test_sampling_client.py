@@ -769,3 +769,34 @@ def test_handles_and_pickles_rebuild_clients_without_io(server, service):
     n = server.requests.count("sessions/*/finish")
     assert sampler.sample(PROMPT, 1, PARAMS).result(HANG).sequences  # the session lives on
     assert server.requests.count("sessions/*/finish") == n == 0  # a shadow never finishes it
+
+
+def test_a_waiting_caller_runs_its_queued_sample_itself(server, make_client):
+    """Inlining: a sample no worker has started is sent from the thread blocked in result()."""
+    from tinker_sync._executor import DEFAULT_SIZES, pool
+
+    senders: list[tuple[str, str]] = []
+
+    def hook(event: Any) -> None:
+        if event.kind == "request" and event["path"] in (
+            "/api/v1/asample",
+            "/api/v1/retrieve_future",
+        ):
+            senders.append((event["path"], threading.current_thread().name))
+
+    client = make_client(server, hooks=[hook])
+    sampler = client.create_sampling_client(base_model=BASE)
+    sampler.sample(PROMPT, 1, PARAMS).result(HANG)  # session and sampler are up
+    senders.clear()
+    release = threading.Event()
+    submit = pool("sample-submit")
+    for _ in range(max(submit.max_workers, DEFAULT_SIZES["sample-submit"])):
+        submit.submit(release.wait, HANG)  # every worker busy: the sample queues behind them
+    try:
+        fut = sampler.sample(PROMPT, 1, PARAMS)
+        assert len(fut.result().sequences) == 1  # no timeout: result() may run queued steps
+    finally:
+        release.set()
+    me = threading.current_thread().name
+    assert senders == [("/api/v1/asample", me), ("/api/v1/retrieve_future", me)]
+    assert server.requests.count("asample") == 2  # nothing sent twice

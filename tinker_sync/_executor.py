@@ -139,6 +139,41 @@ class DaemonPool:
                 log.exception("unhandled error in %s job %r", self.role, fn)
 
 
+class Claimable:
+    """A pool job that the thread waiting for its outcome may run itself instead, once.
+
+    Usage::
+
+        step = Claimable(poll.run)
+        pool("sample-poll").submit(step.run)
+        future._offer(step)         # result() may call step.run() first (see APIFuture)
+
+    Whichever thread calls :meth:`run` first runs the function; later calls return False.
+    This is task inlining (as in .NET's ``Task.Wait``): a sequential ``sample().result()``
+    then makes no thread hand-off at all, and the woken worker finds nothing to do.
+    Thread-safe; fork: a step claimed in the parent stays claimed in the child.
+    """
+
+    __slots__ = ("_fn", "_taken")
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self._fn: Callable[[], object] | None = fn
+        self._taken = threading.Lock()
+
+    @property
+    def claimed(self) -> bool:
+        return self._taken.locked()
+
+    def run(self) -> bool:
+        """Run the function unless another thread claimed it first; True if this call ran it."""
+        if not self._taken.acquire(blocking=False):
+            return False
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
+        return True
+
+
 class BoundedLane:
     """Runs jobs on a shared pool with at most ``limit`` of them running at once (FIFO).
 

@@ -21,10 +21,13 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tinker_sync._fork import register_after_fork
 from tinker_sync.exceptions import ForkedProcessError
+
+if TYPE_CHECKING:
+    from tinker_sync._executor import Claimable
 
 T = TypeVar("T")
 log = logging.getLogger("tinker_sync.futures")
@@ -67,6 +70,9 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
         self._description = description
         self._pid = os.getpid()
         self._warned_loop = False
+        self._inline: Claimable | None = None
+        self._inline_thread: int | None = None
+        self._callbacks_added = False
         if not cancellable:
             # RUNNING futures cannot be cancelled: a skipped training request would leave a
             # seq_id gap that the server waits on (B6).
@@ -139,12 +145,43 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
                 "APIFuture.result() called inside a running event loop: it blocks the loop; "
                 "use `await future` instead"
             )
+        if timeout is None and self._inline is not None:
+            self._run_inline()
         try:
             return super().result(timeout)
         except BaseException as exc:
             if exc is self._exception:  # the operation's failure, not the wait's timeout
                 self._report(exc)
             raise
+
+    # ---------------------------------------------------------------- inlining
+
+    def _offer(self, step: Claimable) -> None:
+        """SDK side: ``step`` (queued on a pool) may be run by a thread waiting in result()."""
+        self._inline = step
+
+    def _run_inline(self) -> None:
+        """Run this future's queued steps in the waiting thread while no worker has taken them.
+
+        Only for an unbounded ``result()``: a step may block (a long poll), which a timeout
+        could not interrupt. Never once a done-callback is registered: callbacks run on the
+        completing thread, and the waiting thread may hold a lock such a callback needs.
+        """
+        self._inline_thread = threading.get_ident()
+        try:
+            while True:
+                step = self._inline
+                if step is None or self._callbacks_added or self.done():
+                    return
+                self._inline = None
+                if not step.run():
+                    return
+        finally:
+            self._inline_thread = None
+
+    def _waited_on_here(self) -> bool:
+        """SDK side: this thread is running this future's steps from inside ``result()``."""
+        return self._inline_thread == threading.get_ident() and not self._callbacks_added
 
     def _report(self, exc: BaseException) -> None:
         """Report a failure escaping ``result()`` to the owner's telemetry, once (B48)."""
@@ -159,6 +196,8 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
 
         Exceptions raised by ``fn`` are logged under ``tinker_sync.futures``, never raised.
         """
+
+        self._callbacks_added = True
 
         def isolated(fut: concurrent.futures.Future[T]) -> None:
             try:

@@ -28,6 +28,10 @@ How one ``sample()`` travels (nothing blocks the caller; no lock is held across 
    limit; ``RequestFailedError`` never. ``progress_timeout`` (7,200 s) without any completed
    request fails the call with :class:`SamplingStuckError`.
 
+Steps 1-4 queued on a pool may instead run in a thread already blocked in ``fut.result()``
+(no timeout, no done-callback) if no worker has taken them yet (:class:`Claimable`): a
+sequential ``sample(...).result()`` loop then sends from the caller's thread, without hand-offs.
+
 Cancelling a sample future (B25) before acceptance releases its gates and sends nothing; after
 acceptance, polling stops and, when dynamic config ``sample_cancel_enabled`` is on, the
 request id is sent to ``POST /api/v1/cancel_future`` (best effort).
@@ -56,7 +60,7 @@ import attrs
 import numpy as np
 
 from tinker_sync._clock import Clock
-from tinker_sync._executor import call_later, pool
+from tinker_sync._executor import Claimable, call_later, pool
 from tinker_sync._fork import make_lock, register_after_fork
 from tinker_sync._futures import APIFuture
 from tinker_sync._polldecide import Decision
@@ -603,7 +607,7 @@ class SamplingClient:
         self._session.check_open()
         self._ensure_process()
         job = _SampleJob(self, body, _estimate(prompt), finish, current_sdk_method.get(), retry)
-        pool("sample-submit").submit(job.begin)
+        job.queue("sample-submit", job.begin)
         return job.fut
 
     # ---------------------------------------------------------------- pickling and handles
@@ -773,6 +777,15 @@ class _SampleJob:
 
     # ---------------------------------------------------------------- steps
 
+    def queue(self, role: str, step: Callable[[], None]) -> None:
+        """Run ``step`` on ``pool(role)``, or in a thread already waiting in ``fut.result()``."""
+        if self.fut._waited_on_here():
+            step()  # the waiting thread is running this job: go on, nobody to hand over to
+            return
+        claimable = Claimable(step)
+        self.fut._offer(claimable)
+        pool(role).submit(claimable.run)
+
     def begin(self) -> None:
         """First step (sample-submit): session start, clone id, then a concurrency slot."""
         try:
@@ -835,7 +848,7 @@ class _SampleJob:
         poller = self.client._futures_poller()
         if poller is None:
             poll = self._poll(request_id, sequence_ids, created_at, allow_metadata_only=True)
-            pool("sample-poll").submit(poll.run)
+            self.queue("sample-poll", poll.run)
             return
         self.poller = poller
         poller.wait(request_id, _PollerWaiter(self, request_id, sequence_ids, created_at))
