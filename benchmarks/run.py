@@ -7,6 +7,7 @@ Usage::
     python benchmarks/run.py --smoke          # toy sizes, 1 repetition (the smoke test)
     python benchmarks/run.py --quick --only P1,P7 --out /tmp/r.json
     python benchmarks/run.py --quick --profile-missed   # + a CPU profile of ours per missed row
+    python benchmarks/run.py --quick --only P3 --profile P3   # profile a row even when met
 
 One process tree: a ``LocalServer(backend="instant", in_subprocess=True)`` in its own process;
 per benchmark a worker process for tinker_sync (``_worker_ours.py``), one for the official SDK
@@ -551,6 +552,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="profile tinker_sync for every missed row (per-thread cProfile) next to --out",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="ROWS",
+        help="also profile these rows (comma-separated ids), met or not",
+    )
     args = parser.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     TELEMETRY["value"] = "1" if args.telemetry == "on" else "0"
@@ -587,11 +593,14 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {**machine, **versions},
         "errors": errors,
     }
-    if args.profile_missed and missed:
+    profiled = set(missed) if args.profile_missed else set()
+    if args.profile:
+        profiled |= {x.strip().upper() for x in args.profile.split(",") if x.strip()}
+    if profiled:
         from _profile import profile_rows
 
         document["profiles"] = profile_rows(
-            [r for r in ROWS if r.id in missed],
+            [r for r in ROWS if r.id.upper() in profiled],
             sizes,
             WORKER_TIMEOUT[mode],
             out_path.parent,
