@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import http.client
 import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
-import requests.exceptions
 import urllib3.exceptions
 
 from tinker_sync._clock import SYSTEM_CLOCK, Clock, exiting
@@ -190,6 +191,15 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return chain
 
 
+_TRANSPORT_FAILURES = (
+    urllib3.exceptions.ProtocolError,
+    urllib3.exceptions.TimeoutError,
+    http.client.IncompleteRead,
+    TimeoutError,
+    ConnectionError,
+)
+
+
 def _transport_failure(exc: BaseException) -> bool:
     """A transport-level failure anywhere in the cause chain (incl. EBADF-style OSErrors)."""
     for e in _causes(exc):
@@ -197,17 +207,11 @@ def _transport_failure(exc: BaseException) -> bool:
             return True
         if isinstance(e, TinkerError):
             continue
-        if isinstance(
-            e,
-            (
-                requests.exceptions.ConnectionError,
-                requests.exceptions.Timeout,
-                requests.exceptions.ChunkedEncodingError,
-                urllib3.exceptions.ProtocolError,
-                urllib3.exceptions.TimeoutError,
-                TimeoutError,
-                ConnectionError,
-            ),
+        if isinstance(e, _TRANSPORT_FAILURES):
+            return True
+        rex = sys.modules.get("requests.exceptions")  # only if something imported requests
+        if rex is not None and isinstance(
+            e, (rex.ConnectionError, rex.Timeout, rex.ChunkedEncodingError)
         ):
             return True
         if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
