@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import io
 import json
 import logging
@@ -398,21 +399,29 @@ def test_every_request_has_connect_and_read_timeouts(
         (30, None, (30.0, 30.0)),
         (Timeout(20.0), None, (5.0, 20.0)),
     ]
-    real_urlopen = urllib3.HTTPConnectionPool.urlopen
+    real_exchange = _transport._exchange_pooled
+    real_getresponse = http.client.HTTPConnection.getresponse
+    read_timeouts: list[float | None] = []
 
-    def spy(self: Any, *args: Any, **kw: Any) -> Any:  # records what urllib3 was given
-        timeout = kw["timeout"]
-        log.append((timeout.connect_timeout, timeout.read_timeout))
-        return real_urlopen(self, *args, **kw)
+    def exchange(pool: Any, method: str, target: str, body: Any, headers: Any, t: Any) -> Any:
+        log.append((t.connect, t.read))  # what the exchange was asked to use...
+        return real_exchange(pool, method, target, body, headers, t)
 
-    monkeypatch.setattr(urllib3.HTTPConnectionPool, "urlopen", spy)
+    def getresponse(self: Any) -> Any:
+        read_timeouts.append(self.sock.gettimeout())  # ...and what the socket really had
+        return real_getresponse(self)
+
+    monkeypatch.setattr(_transport, "_exchange_pooled", exchange)
+    monkeypatch.setattr(http.client.HTTPConnection, "getresponse", getresponse)
     for client_timeout, spec_timeout, expected in cases:
         with transport_for(stub.url, timeout=client_timeout) as t:
             for pool in Pool:
                 t.send_once(post(pool=pool, timeout=spec_timeout))
                 t.send_once(get(pool=pool, timeout=spec_timeout))
         assert log == [expected] * (2 * len(Pool)), (client_timeout, spec_timeout)
+        assert read_timeouts == [expected[1]] * (2 * len(Pool))
         log.clear()
+        read_timeouts.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1031,3 +1040,63 @@ def test_redirect_loop_is_a_connection_error(stub: Stub) -> None:
     with transport_for(stub.url) as t, pytest.raises(APIConnectionError, match="redirects"):
         t.send_once(post())
     assert len(stub.seen) == _transport.MAX_REDIRECTS + 1
+
+
+def test_compressed_replies_are_decoded(stub: Stub) -> None:
+    import gzip
+    import zlib
+
+    stub.script(
+        "/api/v1/x",
+        (
+            200,
+            {"Content-Encoding": "gzip", "Content-Type": "application/json"},
+            gzip.compress(b'{"a":1}'),
+        ),
+        (200, {"Content-Encoding": "deflate"}, zlib.compress(b'{"b":2}')),
+        (200, {"Content-Encoding": "gzip"}, b"not gzip at all"),
+    )
+    with transport_for(stub.url) as t:
+        assert t.send_once(post()).json() == {"a": 1}
+        assert t.send_once(post()).json() == {"b": 2}
+        with pytest.raises(APIConnectionError, match="DecodeError"):
+            t.send_once(post())
+        assert t.send_once(post()).status == 200  # the pool recovers
+
+
+def test_server_closing_or_dropping_a_connection_costs_a_new_one_not_an_error(
+    stub: Stub,
+) -> None:
+    stub.script("/api/v1/close", (200, {"Connection": "close"}, b"{}"))
+    with transport_for(stub.url) as t:
+        assert t.send_once(post("/api/v1/close")).status == 200
+        assert t.send_once(post()).status == 200  # the closed connection was not reused
+        assert t.send_once(post()).status == 200  # ...and the new one is kept alive
+        ports = [s.client_port for s in stub.seen]
+        assert ports[0] != ports[1] == ports[2]
+        for sock in _pooled_sockets(t, Pool.TRAIN):
+            sock.shutdown(socket.SHUT_RDWR)  # as if the server or a NAT dropped it while idle
+        assert t.send_once(post()).status == 200
+        assert stub.seen[-1].client_port != ports[2]
+
+
+def test_small_bodies_leave_with_their_headers_in_one_write(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes: list[int] = []
+    real_send = http.client.HTTPConnection.send
+
+    def send(self: Any, data: Any) -> None:
+        writes.append(len(data))
+        real_send(self, data)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "send", send)
+    small, large = b"x" * 1000, b"y" * (_transport._COALESCE_LIMIT + 1)
+    with transport_for(stub.url) as t:
+        for body in (small, large):
+            spec = post(json=None, content=body, content_type="application/octet-stream")
+            assert t.send_once(spec).status == 200
+        assert t.send_once(get()).status == 200
+    assert [s.body for s in stub.seen[:2]] == [small, large]
+    assert len(writes) == 4  # small: one write; large: headers, then body; GET: headers
+    assert writes[0] > len(small) and writes[2] == len(large)

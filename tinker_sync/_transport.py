@@ -22,6 +22,11 @@ environment scans, header dict copies) cost more client CPU than the HTTP exchan
 What it provided is done here once per server: proxies and the CA bundle come from the same
 environment variables (:func:`_environment_settings`), redirects are followed (up to
 :data:`MAX_REDIRECTS`, secrets dropped across origins) and ``~/.netrc`` is never read.
+urllib3 owns the connections (pooling, TLS, proxies, dropped-connection checks); requests
+without a proxy are written and read with ``http.client`` on those connections
+(:func:`_exchange_pooled`), skipping urllib3's ``urlopen`` and response wrapper, and header
+lines that never change are validated once (:func:`prepare_headers`). Together these halve
+the client CPU of a small request.
 
 Every request carries explicit ``(connect, read)`` timeouts (B30), is sent with urllib3
 retries off (the SDK owns all retries) and is mapped on failure to the SDK exceptions: connect
@@ -54,27 +59,32 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+import errno
 import functools
+import http.client
+import io
 import json as _json
 import logging
 import os
 import platform
 import re
 import socket
+import ssl
 import sys
 import urllib.parse
-import uuid
 import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import attrs
 import urllib3.exceptions
+import urllib3.response
 from urllib3 import PoolManager, ProxyManager
 from urllib3 import Timeout as _Urllib3Timeout
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util import make_headers
+from urllib3.util.ssl_match_hostname import CertificateError
 
 from tinker_sync._clock import SYSTEM_CLOCK, Clock, register_exit_callback
 from tinker_sync._config import PROTOCOL_VERSION, AuthProvider, ClientConfig, Timeout
@@ -246,8 +256,12 @@ def emit_hook(hooks: Sequence[Hook], kind: str, **data: Any) -> None:
 
 
 def new_idempotency_key() -> str:
-    """A fresh ``X-Idempotency-Key`` value (one per logical request, B34)."""
-    return f"tinker_sync-retry-{uuid.uuid4()}"
+    """A fresh ``X-Idempotency-Key`` value (one per logical request, B34): a random UUID4."""
+    raw = bytearray(os.urandom(16))  # what uuid.uuid4() does, without its object (hot path)
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"tinker_sync-retry-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def quote_path(segment: str) -> str:
@@ -278,6 +292,7 @@ def _default_sdk_method() -> str | None:
 
 
 Expect = Literal["json", "proto", "none", "any"]
+_JSON_ENCODER = _json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -321,7 +336,7 @@ class RequestSpec:
         if self.json is not None:
             if self.content is not None:
                 raise ValueError("RequestSpec takes json or content, not both")
-            encoded = _json.dumps(self.json, separators=(",", ":"), ensure_ascii=False).encode()
+            encoded = _JSON_ENCODER.encode(self.json).encode()
             object.__setattr__(self, "content", encoded)
             if self.content_type is None:
                 object.__setattr__(self, "content_type", "application/json")
@@ -485,7 +500,11 @@ def map_transport_error(
         isinstance(e, (urllib3.exceptions.ReadTimeoutError, TimeoutError)) for e in chain
     ):
         return APITimeoutError(f"Request timed out: {detail}", request)
-    wire: tuple[type[BaseException], ...] = (urllib3.exceptions.HTTPError, OSError)
+    wire: tuple[type[BaseException], ...] = (
+        urllib3.exceptions.HTTPError,
+        http.client.HTTPException,  # IncompleteRead, BadStatusLine, LineTooLong, ...
+        OSError,
+    )
     if rex is not None:
         wire = (*wire, rex.RequestException)
     if isinstance(exc, wire):
@@ -582,6 +601,10 @@ def prepare_headers(headers: Mapping[str, str]) -> None:
             _prepared[key] = f"{name}: {value}".encode("ascii")
 
 
+_COALESCE_LIMIT = 64 * 1024
+"""Bodies up to this size leave in the same write as their headers."""
+
+
 class _PreparedHeaders(HTTPConnection):
     """Writes prepared header lines straight into the request buffer.
 
@@ -592,6 +615,9 @@ class _PreparedHeaders(HTTPConnection):
     as they are; every other header goes through the normal, validating ``putheader``.
     """
 
+    _head: bytes | None = None
+    _hold_head = False
+
     def putheader(self, header: str, *values: str) -> None:  # type: ignore[override]  # as urllib3
         if len(values) == 1:
             line = _prepared.get((header, values[0]))
@@ -599,6 +625,26 @@ class _PreparedHeaders(HTTPConnection):
                 self._output(line)  # type: ignore[attr-defined]
                 return
         super().putheader(header, *values)
+
+    def hold_head(self) -> None:
+        """Send the next request's header block together with its (small) body, in one write.
+
+        ``http.client`` writes them separately, which costs a system call here and, on the
+        server, a second read before the request is complete. Call it only when a body follows.
+        """
+        self._hold_head = True
+        self._head = None
+
+    def send(self, data: Any) -> None:
+        if self._hold_head:
+            self._hold_head = False
+            self._head = bytes(data)  # the header block; the body comes next
+            return
+        head = self._head
+        if head is not None:
+            self._head = None
+            data = head + bytes(data)
+        super().send(data)
 
 
 def _tracking_pool_classes(tracker: _InflightTracker) -> dict[str, type[HTTPConnectionPool]]:
@@ -921,6 +967,20 @@ _BASE_HEADERS = {"Accept-Encoding": _ACCEPT_ENCODING, "User-Agent": USER_AGENT, 
 """Headers every request carries, in order, after ``Accept``."""
 _PROTO = "application/x-protobuf"
 _JSON = "application/json"
+_SDK_HEADER_NAMES = frozenset(
+    name.lower()
+    for name in (
+        *_BASE_HEADERS,
+        "Accept",
+        "x-stainless-retry-count",
+        "x-stainless-read-timeout",
+        "Content-Type",
+        "X-Idempotency-Key",
+        "x-sdk-version",
+        "x-sdk-method",
+    )
+)
+"""Lower-cased names :meth:`Transport.build_headers` writes before the overrides."""
 _seen_deprecations: set[str] = set()
 _deprecations_lock = make_lock()
 
@@ -1093,9 +1153,9 @@ class Transport:
         start = self.clock.monotonic()
         try:
             response, url = _urlopen(
-                route, spec.method, target, url, spec.content, headers, _timeout(timeout)
+                route, spec.method, target, url, spec.content, headers, timeout
             )
-            content = response.data
+            content = response.content
         except Exception as exc:
             duration = self.clock.monotonic() - start
             mapped = map_transport_error(exc, RequestSnapshot(spec.method, url, headers))
@@ -1106,7 +1166,7 @@ class Transport:
                 raise
             raise mapped from exc
         duration = self.clock.monotonic() - start
-        reply_headers = {k.lower(): v for k, v in response.headers.itermerged()}
+        reply_headers = response.headers
         status = response.status
         reply = Reply(
             status=status,
@@ -1175,6 +1235,78 @@ def _timeout(timeout: Timeout) -> _Urllib3Timeout:
     return _Urllib3Timeout(connect=timeout.connect, read=timeout.read)
 
 
+class _Response:
+    """A fully read response: status, lower-cased (merged) headers and the decoded body."""
+
+    __slots__ = ("content", "headers", "status")
+
+    def __init__(self, status: int, headers: dict[str, str], content: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.content = content
+
+
+def _from_urllib3(response: Any) -> _Response:
+    headers = {k.lower(): v for k, v in response.headers.itermerged()}
+    return _Response(response.status, headers, response.data)
+
+
+def _exchange_pooled(
+    pool: HTTPConnectionPool,
+    method: str,
+    target: str,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    timeout: Timeout,
+) -> _Response:
+    """One request on a connection of ``pool`` (no proxy), read with ``http.client``.
+
+    urllib3 still owns the connections (pooling, dropped-connection checks, TCP and TLS setup,
+    the in-flight tracking of B55); this replaces only ``urlopen`` and its response wrapper,
+    which together cost as much client CPU as the HTTP exchange itself. The steps and error
+    handling follow urllib3's ``_make_request``: connect errors surface as urllib3's
+    (never-sent) connect errors, a reset while sending still reads the reply the server may
+    have sent, and on any failure the connection is closed, never reused.
+    """
+    conn = cast(HTTPConnection, pool._get_conn())
+    reusable = False
+    try:
+        if conn.is_closed:
+            conn.timeout = timeout.connect
+            try:
+                conn.connect()
+            except (ssl.SSLError, CertificateError) as exc:
+                raise urllib3.exceptions.SSLError(exc) from exc
+        conn.timeout = timeout.read
+        conn.sock.settimeout(timeout.read)
+        if body and len(body) <= _COALESCE_LIMIT and isinstance(conn, _PreparedHeaders):
+            conn.hold_head()
+        try:
+            http.client.HTTPConnection.request(conn, method, target, body, headers)
+        except BrokenPipeError:
+            pass  # the server may close after a complete early reply: read it
+        except OSError as exc:
+            if exc.errno not in (errno.EPROTOTYPE, errno.ECONNRESET):
+                raise
+        raw = http.client.HTTPConnection.getresponse(conn)
+        content = raw.read()
+        reusable = True  # http.client closed the socket itself if the server asked to
+    finally:
+        if not reusable:
+            conn.close()
+        pool._put_conn(conn if reusable else None)
+    merged: dict[str, str] = {}
+    for name, value in raw.msg.items():
+        key = name.lower()
+        merged[key] = f"{merged[key]}, {value}" if key in merged else value
+    encoding = merged.get("content-encoding")
+    if encoding and encoding.strip().lower() != "identity":
+        content = urllib3.response.HTTPResponse(
+            body=io.BytesIO(content), headers=merged, status=raw.status, preload_content=True
+        ).data  # urllib3's decoders (gzip, deflate, and br / zstd when installed)
+    return _Response(raw.status, merged, content)
+
+
 def _urlopen(
     route: _Route,
     method: str,
@@ -1182,35 +1314,42 @@ def _urlopen(
     url: str,
     body: bytes | None,
     headers: dict[str, str],
-    timeout: _Urllib3Timeout,
-) -> tuple[Any, str]:
+    timeout: Timeout,
+) -> tuple[_Response, str]:
     """One HTTP exchange, following redirects; returns the fully read response and its URL.
 
     The body is read (and decoded) before returning, which hands the connection back to its
     pool. Cross-origin redirects drop secret headers; 301/302/303 turn into a bodyless GET
-    like a browser (and requests) would.
+    like a browser (and requests) would. Requests through a proxy, and redirects, take
+    urllib3's ``urlopen``; the rest :func:`_exchange_pooled`.
     """
     if route.forward:
-        response = route.manager.urlopen(
-            method,
-            url,
-            body=body,
-            headers=headers,
-            timeout=timeout,
-            retries=False,
-            redirect=False,
+        response = _from_urllib3(
+            route.manager.urlopen(
+                method,
+                url,
+                body=body,
+                headers=headers,
+                timeout=_timeout(timeout),
+                retries=False,
+                redirect=False,
+            )
+        )
+    elif route.origin.proxy is not None:
+        response = _from_urllib3(
+            route.origin.urlopen(
+                method,
+                target,
+                body=body,
+                headers=headers,
+                timeout=_timeout(timeout),
+                retries=False,
+                redirect=False,
+                assert_same_host=False,
+            )
         )
     else:
-        response = route.origin.urlopen(
-            method,
-            target,
-            body=body,
-            headers=headers,
-            timeout=timeout,
-            retries=False,
-            redirect=False,
-            assert_same_host=False,
-        )
+        response = _exchange_pooled(route.origin, method, target, body, headers, timeout)
     redirects = 0
     while response.status in _REDIRECT_STATUSES:
         location = response.headers.get("location")
@@ -1233,14 +1372,16 @@ def _urlopen(
         if _crosses_origin(url, new_url):
             headers = {k: v for k, v in headers.items() if not is_secret_header(k)}
         url = new_url
-        response = route.manager.urlopen(
-            method,
-            url,
-            body=body,
-            headers=headers,
-            timeout=timeout,
-            retries=False,
-            redirect=False,
+        response = _from_urllib3(
+            route.manager.urlopen(
+                method,
+                url,
+                body=body,
+                headers=headers,
+                timeout=_timeout(timeout),
+                retries=False,
+                redirect=False,
+            )
         )
     return response, url
 
@@ -1269,25 +1410,27 @@ def _crosses_origin(old_url: str, new_url: str) -> bool:
 def _merge(headers: dict[str, str], *overrides: Mapping[str, str]) -> dict[str, str]:
     """``headers`` updated in place by each of ``overrides`` in turn, case-insensitively.
 
-    A replaced header keeps its position and takes the overriding spelling.
+    A replaced header keeps its position and takes the overriding spelling. Only names that can
+    collide (the SDK's own, or one added by an earlier override) pay for a case-folded lookup.
     """
-    lowered: dict[str, str] | None = None
+    added: set[str] = set()
     for override in overrides:
         for name, value in override.items():
             if name in headers:  # same spelling: a plain update keeps the position
                 headers[name] = value
                 continue
-            if lowered is None:
-                lowered = {n.lower(): n for n in headers}
-            old = lowered.get(name.lower())
+            low = name.lower()
+            old = None
+            if low in _SDK_HEADER_NAMES or low in added:
+                old = next((n for n in headers if n.lower() == low), None)
             if old is None:
                 headers[name] = value
-            else:  # another spelling: rebuild once to keep the position
+                added.add(low)
+            else:  # another spelling of a header already there: same position, new spelling
                 headers = {
                     (name if n == old else n): (value if n == old else v)
                     for n, v in headers.items()
                 }
-            lowered[name.lower()] = name
     return headers
 
 
