@@ -54,7 +54,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "codec": {"datums": 1024, "tokens": 4096, "warmup": 1, "reps": 5},
         "held": {"n": 1000, "window_s": 10.0, **_HOLD, "reps": 5},
         "poller": {"n": 1000, "window_s": 3.0, **_HOLD, "reps": 5},
-        "latency": {"n": 100, "prompt": 64, "max_tokens": 16, "warmup": 20, "reps": 5},
+        "latency": {"n": 100, "prompt": 64, "max_tokens": 16, "warmup": 20, "reps": 7},
         "import": {"warmup": 2, "reps": 15},
     },
     "quick": {

@@ -77,6 +77,10 @@ BENCH_WORKERS: dict[str, tuple[str, ...]] = {
     "latency": ("ours", "official", "raw"),
     "import": (),
 }
+#: Benches whose rows are ratios of wall times: their repetitions run in rounds, one worker
+#: process per SDK per round (ours, official, raw, ours, ...), so a slow spell of a shared
+#: machine hits every column alike instead of whichever worker happened to run during it.
+INTERLEAVED = frozenset({"sample", "train", "latency"})
 #: Seconds a worker may run before it is killed, per mode.
 WORKER_TIMEOUT = {"full": 1800.0, "quick": 600.0, "smoke": 180.0}
 
@@ -404,20 +408,29 @@ def collect(
                     for worker in ("ours", "official", "raw", "codec")
                 ]
             else:
-                plan = [(w, [b]) for b in server_benches for w in BENCH_WORKERS[b]]
+                plan = []
+                for b in server_benches:
+                    rounds = int(sizes[b]["reps"]) if b in INTERLEAVED else 1
+                    plan += [(w, [b]) for _ in range(rounds) for w in BENCH_WORKERS[b]]
+            rounds_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
             for worker, group in plan:
                 if not group:
                     continue
+                run_sizes = sizes
+                if mode != "smoke" and group[0] in INTERLEAVED:
+                    run_sizes = {**sizes, group[0]: {**sizes[group[0]], "reps": 1}}
                 t0 = time.monotonic()
                 try:
-                    got = run_worker(worker, group, sizes, url, key, timeout)
+                    got = run_worker(worker, group, run_sizes, url, key, timeout)
                 except WorkerError as exc:
                     errors.append(str(exc))
                     log(f"  {worker:<8} {','.join(group):<28} FAILED: {exc}")
                     continue
                 for bench, metrics in got.items():
-                    results[(bench, worker)] = metrics
+                    rounds_of.setdefault((bench, worker), []).append(metrics)
                 log(f"  {worker:<8} {','.join(group):<28} {time.monotonic() - t0:6.1f} s")
+            for key_, rounds_ in rounds_of.items():
+                results[key_] = merge_rounds(rounds_)
     if "import" in benches:
         t0 = time.monotonic()
         try:
@@ -426,6 +439,36 @@ def collect(
         except WorkerError as exc:
             errors.append(str(exc))
     return results, errors
+
+
+def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One worker's metrics from several rounds, as if one process had run every repetition.
+
+    Lists are concatenated; ``peak*`` numbers take the maximum and ``*_at_peak`` values come
+    from the round with the most threads; other numbers become the list of per-round values
+    (rows take their median); dicts of numbers are averaged; anything else comes from the last
+    round.
+    """
+    if len(rounds) == 1:
+        return rounds[0]
+    peak_round = max(rounds, key=lambda r: float(r.get("peak_threads", 0.0)))
+    merged: dict[str, Any] = {}
+    for key in rounds[0]:
+        values = [r[key] for r in rounds if key in r]
+        first = values[0]
+        if key.endswith("_at_peak") and key in peak_round:
+            merged[key] = peak_round[key]
+        elif isinstance(first, list):
+            merged[key] = [v for value in values for v in value]
+        elif isinstance(first, (int, float)) and not isinstance(first, bool):
+            merged[key] = max(values) if key.startswith("peak") else [float(v) for v in values]
+        elif isinstance(first, dict) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in first.values()
+        ):
+            merged[key] = {k: sum(d.get(k, 0.0) for d in values) / len(values) for k in first}
+        else:
+            merged[key] = values[-1]
+    return merged
 
 
 def _scaled(values: Any, scale: float) -> list[float] | None:

@@ -178,3 +178,32 @@ def test_summarize_collapsed(tmp_path: Path) -> None:
     assert inclusive["job (tinker_sync/_executor.py)"] == 9  # both lines merged
     innermost = {e["frame"]: e["samples"] for e in summary["tinker_sync_innermost"]}
     assert innermost == {"send (tinker_sync/_transport.py)": 6, "job (tinker_sync/_executor.py)": 3}
+
+
+def test_merge_rounds_reads_like_one_process_ran_every_repetition() -> None:
+    rounds = [
+        {
+            "p50_ms": [1.0],
+            "peak_threads": 40,
+            "peak_rss_mb": 60.0,
+            "p90_ms_all": 2.0,
+            "per_sample": {"user_cpu_s": 1.0},
+            "thread_groups_at_peak": {"a": 1},
+        },
+        {
+            "p50_ms": [3.0],
+            "peak_threads": 55,
+            "peak_rss_mb": 58.0,
+            "p90_ms_all": 4.0,
+            "per_sample": {"user_cpu_s": 3.0},
+            "thread_groups_at_peak": {"b": 2},
+        },
+    ]
+    merged = run.merge_rounds(rounds)
+    assert merged["p50_ms"] == [1.0, 3.0]  # repetitions concatenate
+    assert merged["peak_threads"] == 55 and merged["peak_rss_mb"] == 60.0  # peaks: the worst
+    assert merged["p90_ms_all"] == [2.0, 4.0]  # other numbers: one per round (rows: median)
+    assert merged["per_sample"] == {"user_cpu_s": 2.0}  # per-unit averages: averaged
+    assert merged["thread_groups_at_peak"] == {"b": 2}
+    assert run.merge_rounds(rounds[:1]) is rounds[0]
+    assert run.INTERLEAVED <= set(run.BENCH_WORKERS)
