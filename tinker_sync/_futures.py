@@ -137,7 +137,9 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
     def result(self, timeout: float | None = None) -> T:
         """Block until the result is ready; ``TimeoutError`` after ``timeout`` seconds.
 
-        A timeout cancels nothing: call ``result()`` again to keep waiting.
+        A timeout cancels nothing: call ``result()`` again to keep waiting. Without a timeout,
+        SDK work for this future that no SDK thread has started yet may run in the calling
+        thread instead (never once a done-callback is registered).
         """
         if not self._warned_loop and not self.done() and _in_running_loop():
             self._warned_loop = True

@@ -606,13 +606,15 @@ _COALESCE_LIMIT = 64 * 1024
 
 
 class _PreparedHeaders(HTTPConnection):
-    """Writes prepared header lines straight into the request buffer.
+    """A urllib3 connection that writes requests with fewer checks and fewer writes.
 
     ``http.client`` validates and encodes every header of every request (and urllib3 adds its
     own pass); a request here carries about 20, most of them the same on every request, which
     made header writing the largest client-side cost of a small request after the socket
     calls. Lines registered with :func:`prepare_headers` were checked once and are appended
-    as they are; every other header goes through the normal, validating ``putheader``.
+    as they are; every other header goes through the normal, validating ``putheader``. After
+    :meth:`hold_head`, the header block and a small body leave in one write.
+    Thread safety: like any connection, used by one thread at a time (the pool hands it out).
     """
 
     _head: bytes | None = None
@@ -694,8 +696,6 @@ def _environment_settings(base_url: str) -> tuple[dict[str, str], bool | str]:
     ``ALL_PROXY`` unless ``NO_PROXY`` bypasses the host, and ``REQUESTS_CA_BUNDLE`` /
     ``CURL_CA_BUNDLE``. Returns ``(proxies by scheme, verify)``.
     """
-    import os
-    import urllib.parse
     import urllib.request
 
     host = urllib.parse.urlsplit(base_url).hostname or ""
