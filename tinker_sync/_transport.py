@@ -649,44 +649,52 @@ class _PreparedHeaders(HTTPConnection):
         super().send(data)
 
 
+class _TrackedConnection(_PreparedHeaders):
+    """Reports every (re)connect to its pool's tracker (a sticky abort closes it at once)."""
+
+    tracker: _InflightTracker
+
+    def connect(self) -> None:
+        super().connect()
+        self.tracker.connected(self)
+
+
+class _TrackedHTTPSConnection(_TrackedConnection, HTTPSConnection):
+    pass
+
+
+class _TrackedPool(HTTPConnectionPool):
+    """Counts its connections as in flight from checkout until they are handed back."""
+
+    tracker: _InflightTracker
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)
+        self.tracker.add(conn)
+        return conn
+
+    def _put_conn(self, conn: Any) -> None:
+        if conn is not None:
+            self.tracker.discard(conn)
+        super()._put_conn(conn)
+
+
+class _TrackedHTTPSPool(_TrackedPool, HTTPSConnectionPool):
+    pass
+
+
 def _tracking_pool_classes(tracker: _InflightTracker) -> dict[str, type[HTTPConnectionPool]]:
-    class _TrackedHTTPConnection(_PreparedHeaders):
-        def connect(self) -> None:
-            super().connect()
-            tracker.connected(self)
-
-    class _TrackedHTTPSConnection(_PreparedHeaders, HTTPSConnection):
-        def connect(self) -> None:
-            super().connect()
-            tracker.connected(self)
-
-    class _TrackedHTTPPool(HTTPConnectionPool):
-        ConnectionCls = _TrackedHTTPConnection
-
-        def _get_conn(self, timeout: float | None = None) -> Any:
-            conn = super()._get_conn(timeout)
-            tracker.add(conn)
-            return conn
-
-        def _put_conn(self, conn: Any) -> None:
-            if conn is not None:
-                tracker.discard(conn)
-            super()._put_conn(conn)
-
-    class _TrackedHTTPSPool(HTTPSConnectionPool):
-        ConnectionCls = _TrackedHTTPSConnection
-
-        def _get_conn(self, timeout: float | None = None) -> Any:
-            conn = super()._get_conn(timeout)
-            tracker.add(conn)
-            return conn
-
-        def _put_conn(self, conn: Any) -> None:
-            if conn is not None:
-                tracker.discard(conn)
-            super()._put_conn(conn)
-
-    return {"http": _TrackedHTTPPool, "https": _TrackedHTTPSPool}
+    """urllib3 pool classes by scheme whose connections report to ``tracker``."""
+    classes: dict[str, type[HTTPConnectionPool]] = {}
+    for scheme, pool_cls, conn_cls in (
+        ("http", _TrackedPool, _TrackedConnection),
+        ("https", _TrackedHTTPSPool, _TrackedHTTPSConnection),
+    ):
+        conn = type(conn_cls.__name__, (conn_cls,), {"tracker": tracker})
+        classes[scheme] = type(
+            pool_cls.__name__, (pool_cls,), {"tracker": tracker, "ConnectionCls": conn}
+        )
+    return classes
 
 
 def _environment_settings(base_url: str) -> tuple[dict[str, str], bool | str]:
@@ -1246,9 +1254,26 @@ class _Response:
         self.content = content
 
 
-def _from_urllib3(response: Any) -> _Response:
-    headers = {k.lower(): v for k, v in response.headers.itermerged()}
-    return _Response(response.status, headers, response.data)
+def _via_manager(
+    route: _Route,
+    method: str,
+    url: str,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    timeout: Timeout,
+) -> _Response:
+    """One exchange through urllib3's pool manager: proxies, and redirects to any origin."""
+    response = route.manager.urlopen(
+        method,
+        url,
+        body=body,
+        headers=headers,
+        timeout=_timeout(timeout),
+        retries=False,
+        redirect=False,
+    )
+    merged = {k.lower(): v for k, v in response.headers.itermerged()}
+    return _Response(response.status, merged, response.data)
 
 
 def _exchange_pooled(
@@ -1320,34 +1345,11 @@ def _urlopen(
 
     The body is read (and decoded) before returning, which hands the connection back to its
     pool. Cross-origin redirects drop secret headers; 301/302/303 turn into a bodyless GET
-    like a browser (and requests) would. Requests through a proxy, and redirects, take
-    urllib3's ``urlopen``; the rest :func:`_exchange_pooled`.
+    like a browser (and requests) would. Requests through a proxy, and redirects, go through
+    urllib3's pool manager (:func:`_via_manager`); the rest through :func:`_exchange_pooled`.
     """
-    if route.forward:
-        response = _from_urllib3(
-            route.manager.urlopen(
-                method,
-                url,
-                body=body,
-                headers=headers,
-                timeout=_timeout(timeout),
-                retries=False,
-                redirect=False,
-            )
-        )
-    elif route.origin.proxy is not None:
-        response = _from_urllib3(
-            route.origin.urlopen(
-                method,
-                target,
-                body=body,
-                headers=headers,
-                timeout=_timeout(timeout),
-                retries=False,
-                redirect=False,
-                assert_same_host=False,
-            )
-        )
+    if route.forward or route.origin.proxy is not None:
+        response = _via_manager(route, method, url, body, headers, timeout)
     else:
         response = _exchange_pooled(route.origin, method, target, body, headers, timeout)
     redirects = 0
@@ -1372,17 +1374,7 @@ def _urlopen(
         if _crosses_origin(url, new_url):
             headers = {k: v for k, v in headers.items() if not is_secret_header(k)}
         url = new_url
-        response = _from_urllib3(
-            route.manager.urlopen(
-                method,
-                url,
-                body=body,
-                headers=headers,
-                timeout=_timeout(timeout),
-                retries=False,
-                redirect=False,
-            )
-        )
+        response = _via_manager(route, method, url, body, headers, timeout)
     return response, url
 
 
