@@ -35,7 +35,6 @@ def test_prompt_estimate_charges_ten_bytes_per_token() -> None:
 
 def test_numpy_prompt_and_per_chunk_charges() -> None:
     prompt = ModelInput.from_ints(np.arange(1000, dtype=np.int32))
-    assert SAMPLE_BYTES_PER_TOKEN == 10
-    assert estimate_prompt_bytes(prompt) == 10_000
+    assert estimate_prompt_bytes(prompt) == 1000 * SAMPLE_BYTES_PER_TOKEN == 10_000
     assert estimate_chunk_bytes(DmelChunk(dmel=_DMEL)) == len(_DMEL)
     assert estimate_chunk_bytes(ImageChunk(data=b"", format="jpeg", expected_tokens=0)) == 0
