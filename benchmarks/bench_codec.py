@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tinker_sync import types as T  # noqa: E402
 from tinker_sync._wire import _chunking, _proto  # noqa: E402
 from tinker_sync._wire import tinker_public_pb2 as pb  # noqa: E402
+from tinker_sync.local import _protocodec as server_codec  # noqa: E402
 from tinker_sync.local.backends.base import SampledSeq, SampleResult  # noqa: E402
 
 tinker: Any
@@ -163,7 +164,7 @@ def _encode_cases(n: int, length: int, as_lists: bool) -> dict[str, Callable[[],
 def _fbo_payload(n: int, length: int) -> bytes:
     rng = np.random.default_rng(1)
     outputs = [{"logprobs": -rng.random(length, dtype=np.float32)} for _ in range(n)]
-    return _proto.encode_forward_backward_output(
+    return server_codec.encode_forward_backward_output(
         "ArrayRecord", outputs, {"loss:sum": 1.0, "ntokens:sum": float(n * length)}
     )
 
@@ -204,7 +205,7 @@ def _sample_payload(sequences: int, length: int, prompt: int, k: int) -> bytes:
         ],
         prompt_logprobs=np.concatenate([[np.nan], -rng.random(prompt - 1)]).astype(np.float32),
     )
-    return _proto.encode_sample_response(result)
+    return server_codec.encode_sample_response(result)
 
 
 def _decode_sample_cases(payload: bytes, sequences: int) -> dict[str, Callable[[], Any]]:

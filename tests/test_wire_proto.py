@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tinker_sync._wire import _proto
+from tinker_sync._wire import _jsonresults, _pbwire, _proto, _zstd
 from tinker_sync._wire import tinker_public_pb2 as pb
+from tinker_sync.local import _protocodec as server_codec
 from tinker_sync.local.backends.base import SampledSeq, SampleResult
 from tinker_sync.types import (
     Datum,
@@ -258,20 +259,20 @@ def test_large_request_parses_back_exactly() -> None:
 def test_maybe_compress() -> None:
     zstandard = pytest.importorskip("zstandard")
     body = b"abc" * 1000
-    assert _proto.maybe_compress(body, False) == (body, {})
-    compressed, headers = _proto.maybe_compress(body, True)
+    assert _zstd.maybe_compress(body, False) == (body, {})
+    compressed, headers = _zstd.maybe_compress(body, True)
     assert headers == {"Content-Encoding": "zstd"}
     assert zstandard.ZstdDecompressor().decompress(compressed) == body
-    assert _proto.decompress_body(compressed, "zstd") == body
-    assert _proto.decompress_body(body, None) == body
-    assert _proto.decompress_body(body, "identity") == body
+    assert _zstd.decompress_body(compressed, "zstd") == body
+    assert _zstd.decompress_body(body, None) == body
+    assert _zstd.decompress_body(body, "identity") == body
     with pytest.raises(ValueError, match="Content-Encoding"):
-        _proto.decompress_body(body, "br")
+        _zstd.decompress_body(body, "br")
     with pytest.raises(ValueError, match="zstd"):
-        _proto.decompress_body(b"not zstd", "zstd")
+        _zstd.decompress_body(b"not zstd", "zstd")
     with pytest.raises(ValueError, match="inflates beyond"):
-        _proto.decompress_body(compressed, "ZSTD", max_size=len(body) - 1)
-    assert _proto.decompress_body(compressed, " zstd ", max_size=len(body)) == body
+        _zstd.decompress_body(compressed, "ZSTD", max_size=len(body) - 1)
+    assert _zstd.decompress_body(compressed, " zstd ", max_size=len(body)) == body
 
 
 # ============================================================== request decoder (server)
@@ -297,7 +298,7 @@ def test_decode_request_densifies_and_concatenates() -> None:
         "m:1", 3, [datum], "ppo", {"clip_low_threshold": 0.8, "mode": "x"}, True
     )
     model_id, seq_id, loss_fn, config, forward_only, datums = (
-        _proto.decode_forward_backward_request(body)
+        server_codec.decode_forward_backward_request(body)
     )
     assert (model_id, seq_id, loss_fn, forward_only) == ("m:1", 3, "ppo", True)
     assert config == {"clip_low_threshold": 0.8, "mode": "x"}
@@ -316,7 +317,7 @@ def test_decode_request_v2_config_wins_over_legacy() -> None:
     msg.loss_fn_config["beta"] = 1.0
     msg.loss_fn_config["only_legacy"] = 2.0
     msg.loss_fn_config_v2["beta"].number = 3.0
-    _, _, _, config, _, _ = _proto.decode_forward_backward_request(msg.SerializeToString())
+    _, _, _, config, _, _ = server_codec.decode_forward_backward_request(msg.SerializeToString())
     assert config == {"beta": 3.0, "only_legacy": 2.0}
 
 
@@ -330,12 +331,12 @@ def test_decode_request_errors_name_the_problem() -> None:
     datum = pb.Datum()
     datum.model_input.add().image.format = "png"
     with pytest.raises(ValueError, match=r"data\[0\].*expected_tokens"):
-        _proto.decode_forward_backward_request(_request_with(datum))
+        server_codec.decode_forward_backward_request(_request_with(datum))
 
     datum = pb.Datum()
     datum.model_input.add()
     with pytest.raises(ValueError, match="no encoded_text"):
-        _proto.decode_forward_backward_request(_request_with(datum))
+        server_codec.decode_forward_backward_request(_request_with(datum))
 
     datum = pb.Datum()
     tensor = datum.loss_fn_inputs["weights"]
@@ -343,20 +344,20 @@ def test_decode_request_errors_name_the_problem() -> None:
     tensor.dense = np.ones(3, "<f4").tobytes()
     tensor.shape.extend([2, 2])
     with pytest.raises(ValueError, match=r"loss_fn_inputs\['weights'\].*shape"):
-        _proto.decode_forward_backward_request(_request_with(datum))
+        server_codec.decode_forward_backward_request(_request_with(datum))
 
     datum = pb.Datum()
     tensor = datum.loss_fn_inputs["w"]
     tensor.dtype = pb.DTYPE_FLOAT32
     tensor.dense = b"abc"
     with pytest.raises(ValueError, match="multiple of 4"):
-        _proto.decode_forward_backward_request(_request_with(datum))
+        server_codec.decode_forward_backward_request(_request_with(datum))
 
     datum = pb.Datum()
     tensor = datum.loss_fn_inputs["w"]
     tensor.dense = b""
     with pytest.raises(ValueError, match="dtype 0"):
-        _proto.decode_forward_backward_request(_request_with(datum))
+        server_codec.decode_forward_backward_request(_request_with(datum))
 
     datum = pb.Datum()
     tensor = datum.loss_fn_inputs["w"]
@@ -366,17 +367,17 @@ def test_decode_request_errors_name_the_problem() -> None:
     tensor.sparse_csr.crow_indices = np.array([0, 1, 1], "<i8").tobytes()
     tensor.sparse_csr.col_indices = np.array([5], "<i8").tobytes()
     with pytest.raises(ValueError, match="column index out of range"):
-        _proto.decode_forward_backward_request(_request_with(datum))
+        server_codec.decode_forward_backward_request(_request_with(datum))
 
     datum = pb.Datum()
     datum.model_input.add().dmel.dmel = bytes([9, 1, 2])
     with pytest.raises(ValueError, match="dmel"):
-        _proto.decode_forward_backward_request(_request_with(datum))
+        server_codec.decode_forward_backward_request(_request_with(datum))
 
     msg = pb.ForwardBackwardRequest()
     msg.loss_fn_config_v2["k"].SetInParent()
     with pytest.raises(ValueError, match="neither number nor text"):
-        _proto.decode_forward_backward_request(msg.SerializeToString())
+        server_codec.decode_forward_backward_request(msg.SerializeToString())
 
 
 @pytest.mark.parametrize(
@@ -385,7 +386,7 @@ def test_decode_request_errors_name_the_problem() -> None:
 )
 def test_decode_request_rejects_malformed_bytes(payload: bytes) -> None:
     with pytest.raises(ValueError):
-        _proto.decode_forward_backward_request(payload)
+        server_codec.decode_forward_backward_request(payload)
 
 
 # ---- hypothesis round trip: client encode -> server decode
@@ -447,7 +448,7 @@ def _datums(draw: st.DrawFn) -> tuple[Datum, list[int], dict[str, np.ndarray]]:
             tokens += [0] * n
         else:
             n = draw(st.integers(min_value=0, max_value=300))
-            header = bytes([254, 3, 1]) + _proto._uv(n)
+            header = bytes([254, 3, 1]) + _pbwire.uvarint(n)
             chunks.append(DmelChunk(dmel=header + draw(st.binary(max_size=4))))
             tokens += [0] * n
     inputs: dict[str, TensorData] = {}
@@ -481,7 +482,7 @@ def test_request_round_trip(
     # Our schema parses it and serializes to the same logical message.
     again = _parse_request(body)
     assert _parse_request(again.SerializeToString()) == again
-    got = _proto.decode_forward_backward_request(body)
+    got = server_codec.decode_forward_backward_request(body)
     assert got[:3] == (model_id, seq_id, "cross_entropy")
     assert got[3] == {k: (v if isinstance(v, str) else float(v)) for k, v in config.items()}
     assert got[4] is forward_only
@@ -532,7 +533,7 @@ def test_decode_output_slices_by_byte_offsets_with_trailing_shape() -> None:
 @pytest.mark.parametrize("wrap", [bytes, bytearray, memoryview])
 def test_decoders_accept_any_bytes_like_payload(wrap: Any) -> None:
     outputs = [{"logprobs": np.array([-1.0, -2.0], np.float32)}]
-    fbo = _proto.encode_forward_backward_output("T", outputs, {"loss:sum": 3.0})
+    fbo = server_codec.encode_forward_backward_output("T", outputs, {"loss:sum": 3.0})
     decoded = _proto.decode_forward_backward_output(wrap(fbo))
     assert decoded.loss_fn_outputs[0]["logprobs"].data == [-1.0, -2.0]
     assert decoded.metrics == {"loss:sum": 3.0}
@@ -545,10 +546,10 @@ def test_decoders_accept_any_bytes_like_payload(wrap: Any) -> None:
             )
         ]
     )
-    sample = _proto.decode_sample_response(wrap(_proto.encode_sample_response(result)), ["x"])
+    sample = _proto.decode_sample_response(wrap(server_codec.encode_sample_response(result)), ["x"])
     assert sample.sequences[0].tokens == [1, 2]
     body = _proto.encode_forward_backward_request("m", 2, [_simple_datum([4])], "x", None, False)
-    assert _proto.decode_forward_backward_request(wrap(body))[5][0].tokens.tolist() == [4]
+    assert server_codec.decode_forward_backward_request(wrap(body))[5][0].tokens.tolist() == [4]
 
 
 def test_decode_output_widens_bf16_and_int32() -> None:
@@ -786,9 +787,9 @@ def test_unknown_fields_groups_and_unpacked_repeated_are_tolerated() -> None:
     # trailing_shape written unpacked (wire type 0) is accepted like packed.
     bt = _batched([np.ones(4)], pb.DTYPE_FLOAT32, [], "<f4")
     raw = bytes(bt.SerializeToString()) + b"\x20\x02"
-    entry = b"\x0a\x01x" + b"\x12" + _proto._uv(len(raw)) + raw
-    rec = b"\x12" + _proto._uv(len(entry)) + entry + b"\x18\x01"
-    out = _proto.decode_forward_backward_output(b"\x12" + _proto._uv(len(rec)) + rec)
+    entry = b"\x0a\x01x" + b"\x12" + _pbwire.uvarint(len(raw)) + raw
+    rec = b"\x12" + _pbwire.uvarint(len(entry)) + entry + b"\x18\x01"
+    out = _proto.decode_forward_backward_output(b"\x12" + _pbwire.uvarint(len(rec)) + rec)
     assert out.loss_fn_outputs[0]["x"].shape == [2, 2]
 
 
@@ -815,7 +816,7 @@ def test_decoders_raise_only_value_error_on_garbage(payload: bytes) -> None:
     for decode in (
         _proto.decode_forward_backward_output,
         lambda b: _proto.decode_sample_response(b, None),
-        _proto.decode_forward_backward_request,
+        server_codec.decode_forward_backward_request,
     ):
         try:
             decode(payload)
@@ -873,15 +874,15 @@ def _expected_tensor(arr: np.ndarray) -> tuple[Any, ...]:
 def test_forward_output_server_to_client_round_trip(
     outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]
 ) -> None:
-    body = _proto.encode_forward_backward_output("ArrayRecord", outputs, metrics)
+    body = server_codec.encode_forward_backward_output("ArrayRecord", outputs, metrics)
     decoded = _proto.decode_forward_backward_output(body)
     assert decoded.loss_fn_output_type == "ArrayRecord"
     assert decoded.metrics == metrics
     assert [{k: _tensor_key(v) for k, v in d.items()} for d in decoded.loss_fn_outputs] == [
         {k: _expected_tensor(v) for k, v in d.items()} for d in outputs
     ]
-    via_json = _proto.forward_backward_output_from_json(
-        _proto.forward_output_to_json("ArrayRecord", outputs, metrics)
+    via_json = _jsonresults.forward_backward_output_from_json(
+        server_codec.forward_output_to_json("ArrayRecord", outputs, metrics)
     )
     assert _fbo_key(via_json) == _fbo_key(decoded)
     # Our own schema agrees on the structure.
@@ -898,7 +899,7 @@ def test_forward_output_encoder_groups_rectangular_records_and_casts() -> None:
         {"lp": np.float32(1.5), "ids": np.zeros((0, 5), np.int8)},
     ]
     msg = pb.ForwardBackwardOutput()
-    msg.ParseFromString(_proto.encode_forward_backward_output("T", outputs, {}))
+    msg.ParseFromString(server_codec.encode_forward_backward_output("T", outputs, {}))
     assert [r.num_datums for r in msg.loss_fn_outputs] == [2, 2]
     first = msg.loss_fn_outputs[0]
     assert first.type_tag == "T"
@@ -909,9 +910,9 @@ def test_forward_output_encoder_groups_rectangular_records_and_casts() -> None:
     decoded = _proto.decode_forward_backward_output(msg.SerializeToString())
     assert decoded.loss_fn_outputs[3]["lp"].shape == [1]
     with pytest.raises(ValueError, match="dtype"):
-        _proto.encode_forward_backward_output("T", [{"x": np.array(["a"])}], {})
+        server_codec.encode_forward_backward_output("T", [{"x": np.array(["a"])}], {})
     with pytest.raises(ValueError, match="same output fields"):
-        _proto.encode_forward_backward_output("T", [{"x": np.ones(1)}, {"y": np.ones(1)}], {})
+        server_codec.encode_forward_backward_output("T", [{"x": np.ones(1)}, {"y": np.ones(1)}], {})
 
 
 @st.composite
@@ -987,7 +988,7 @@ def _response_key(response: SampleResponse) -> tuple[Any, ...]:
 @given(_sample_results())
 def test_sample_result_server_to_client_round_trip(result: SampleResult) -> None:
     ids = [f"s:{i}" for i in range(len(result.sequences))]
-    decoded = _proto.decode_sample_response(_proto.encode_sample_response(result), ids)
+    decoded = _proto.decode_sample_response(server_codec.encode_sample_response(result), ids)
     for seq, got in zip(result.sequences, decoded.sequences, strict=True):
         assert got.stop_reason == seq.stop_reason
         assert got.tokens_np.tobytes() == seq.tokens.tobytes()
@@ -1013,7 +1014,9 @@ def test_sample_result_server_to_client_round_trip(result: SampleResult) -> None
         assert decoded.target_prompt_logprobs is not None
         assert decoded.target_prompt_logprobs.shape == list(result.target_prompt_logprobs.shape)
     assert (decoded.prompt_alt_tokens is None) == (result.prompt_alt_tokens is None)
-    via_json = _proto.sample_response_from_json(_proto.sample_result_to_json(result), ids)
+    via_json = _jsonresults.sample_response_from_json(
+        server_codec.sample_result_to_json(result), ids
+    )
     assert _response_key(via_json) == _response_key(decoded)
 
 
@@ -1022,14 +1025,14 @@ def test_encode_sample_response_rejects_bad_stop_reason_and_topk() -> None:
         tokens=np.zeros(1, np.int32), logprobs=np.zeros(1, np.float32), stop_reason="x"
     )  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="stop_reason"):
-        _proto.encode_sample_response(SampleResult(sequences=[seq]))
+        server_codec.encode_sample_response(SampleResult(sequences=[seq]))
     bad = SampleResult(
         sequences=[],
         topk_prompt_ids=np.zeros((2, 2), np.int32),
         topk_prompt_logprobs=np.zeros((2, 3), np.float32),
     )
     with pytest.raises(ValueError, match="matrices"):
-        _proto.encode_sample_response(bad)
+        server_codec.encode_sample_response(bad)
 
 
 # ============================================================== JSON fallbacks
@@ -1045,7 +1048,7 @@ def test_sample_response_from_json_legacy_shape() -> None:
         "prompt_logprobs": [None, -1.25],
         "topk_prompt_logprobs": [None, [[5, -0.25], [6, -2.0]]],
     }
-    response = _proto.sample_response_from_json(obj, None)
+    response = _jsonresults.sample_response_from_json(obj, None)
     assert [s.sequence_id for s in response.sequences] == [None, None]
     assert response.sequences[0].logprobs == [-0.5, -1.0]
     assert response.sequences[1].logprobs is None
@@ -1056,27 +1059,29 @@ def test_sample_response_from_json_legacy_shape() -> None:
 
 def test_sample_response_from_json_errors() -> None:
     with pytest.raises(ValueError, match="stop_reason"):
-        _proto.sample_response_from_json(
+        _jsonresults.sample_response_from_json(
             {"sequences": [{"stop_reason": "eos", "tokens": []}]}, None
         )
     with pytest.raises(ValueError, match="sample_sequence_ids"):
-        _proto.sample_response_from_json({"sequences": []}, ["a"])
+        _jsonresults.sample_response_from_json({"sequences": []}, ["a"])
     with pytest.raises(TypeError, match="sequences"):
-        _proto.sample_response_from_json({}, None)
+        _jsonresults.sample_response_from_json({}, None)
     with pytest.raises(TypeError, match="tokens"):
-        _proto.sample_response_from_json(
+        _jsonresults.sample_response_from_json(
             {"sequences": [{"stop_reason": "stop", "tokens": ["a"]}]}, None
         )
     with pytest.raises(TypeError, match="integers"):
-        _proto.sample_response_from_json(
+        _jsonresults.sample_response_from_json(
             {"sequences": [{"stop_reason": "stop", "tokens": [1.9]}]}, None
         )
     with pytest.raises(ValueError, match="tokens"):
-        _proto.sample_response_from_json(
+        _jsonresults.sample_response_from_json(
             {"sequences": [{"stop_reason": "stop", "tokens": [2**40]}]}, None
         )
     with pytest.raises(TypeError, match="prompt_cache_hit_tokens"):
-        _proto.sample_response_from_json({"sequences": [], "prompt_cache_hit_tokens": 1.5}, None)
+        _jsonresults.sample_response_from_json(
+            {"sequences": [], "prompt_cache_hit_tokens": 1.5}, None
+        )
 
 
 def test_forward_backward_output_from_json() -> None:
@@ -1096,30 +1101,32 @@ def test_forward_backward_output_from_json() -> None:
         ],
         "metrics": {"loss:sum": 3},
     }
-    out = _proto.forward_backward_output_from_json(obj)
+    out = _jsonresults.forward_backward_output_from_json(obj)
     assert out.metrics == {"loss:sum": 3.0}
     assert out.loss_fn_outputs[0]["logprobs"].data == [-1.0, -2.0]
     assert out.loss_fn_outputs[1]["logprobs"].to_numpy().tolist() == [[0.0, -3.0], [0.0, 0.0]]
-    legacy = _proto.forward_backward_output_from_json({"loss_fn_outputs": []})
+    legacy = _jsonresults.forward_backward_output_from_json({"loss_fn_outputs": []})
     assert (legacy.loss_fn_output_type, legacy.metrics) == ("ArrayRecord", {})
     with pytest.raises(ValueError, match="dtype"):
-        _proto.forward_backward_output_from_json(
+        _jsonresults.forward_backward_output_from_json(
             {"loss_fn_outputs": [{"x": {"data": [1], "dtype": "int32"}}]}
         )
     with pytest.raises(TypeError, match="metrics"):
-        _proto.forward_backward_output_from_json({"loss_fn_outputs": [], "metrics": {"a:sum": "1"}})
+        _jsonresults.forward_backward_output_from_json(
+            {"loss_fn_outputs": [], "metrics": {"a:sum": "1"}}
+        )
     with pytest.raises(ValueError, match="shape"):
-        _proto.forward_backward_output_from_json(
+        _jsonresults.forward_backward_output_from_json(
             {"loss_fn_outputs": [{"x": {"data": [1, 2], "dtype": "int64", "shape": [3]}}]}
         )
 
 
 def test_bf16_signalling_nan_is_quieted_like_the_official_cast() -> None:
     """Regression (found by the conformance fuzzer): bf16 0x7f81 widens to 0x7fc10000."""
-    from tinker_sync._wire._proto import DTYPE_BFLOAT16, _widen
+    from tinker_sync._wire._pbwire import DTYPE_BFLOAT16, widen
 
     raw = np.array([0x7F81, 0x3F80, 0x7FC0, 0xFF81, 0x7F80], dtype=np.uint16)
-    bits = _widen(raw, DTYPE_BFLOAT16).view(np.uint32)
+    bits = widen(raw, DTYPE_BFLOAT16).view(np.uint32)
     assert [hex(b) for b in bits] == [
         "0x7fc10000",
         "0x3f800000",

@@ -79,7 +79,7 @@ from tinker_sync._transport import (
 
 # Imported here, not lazily on worker threads: a fork during a first import on another
 # thread would leave that module's import lock held forever in the child.
-from tinker_sync._wire import _proto
+from tinker_sync._wire import _jsonresults, _proto
 from tinker_sync._wire._converter import from_json, to_json
 from tinker_sync.exceptions import (
     APIConnectionError,
@@ -867,7 +867,7 @@ class _SampleJob:
     ) -> Poll:
         def decode(decision: Decision) -> SampleResponse:
             decode_sample_response = _proto.decode_sample_response
-            sample_response_from_json = _proto.sample_response_from_json
+            sample_response_from_json = _jsonresults.sample_response_from_json
 
             if decision.protobuf:
                 return decode_sample_response(decision.body, sequence_ids)

@@ -408,7 +408,7 @@ class TrainingClient:
         return fut
 
     def _send_chunk(self, body: bytes, seq_id: int, estimate: int, sdk_method: str | None) -> str:
-        from tinker_sync._wire._proto import maybe_compress
+        from tinker_sync._wire._zstd import maybe_compress
 
         payload, headers = maybe_compress(
             _with_seq_id(body, seq_id), self._session.server.proto_compress_fwdbwd
@@ -885,10 +885,8 @@ BackcompatTrainingClientFuture = TrainingClient
 
 
 def _decode_fwdbwd(decision: Decision) -> ForwardBackwardOutput:
-    from tinker_sync._wire._proto import (
-        decode_forward_backward_output,
-        forward_backward_output_from_json,
-    )
+    from tinker_sync._wire._jsonresults import forward_backward_output_from_json
+    from tinker_sync._wire._proto import decode_forward_backward_output
 
     if decision.protobuf:
         return decode_forward_backward_output(decision.body)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from tinker_sync import types as ours
 from tinker_sync._wire import _proto
+from tinker_sync.local import _protocodec as server_codec
 from tinker_sync.local.backends.base import SampledSeq, SampleResult
 
 tinker = pytest.importorskip("tinker")
@@ -157,13 +158,13 @@ def _assert_same_request(spec: RequestSpec) -> None:
     # And the official bytes decode in our server-side decoder like ours do (images without
     # expected_tokens are refused by the local server in both cases).
     try:
-        theirs = _proto.decode_forward_backward_request(expected.SerializeToString())
+        theirs = server_codec.decode_forward_backward_request(expected.SerializeToString())
     except ValueError as exc:
         with pytest.raises(ValueError, match="expected_tokens"):
-            _proto.decode_forward_backward_request(body)
+            server_codec.decode_forward_backward_request(body)
         assert "expected_tokens" in str(exc)
         return
-    mine = _proto.decode_forward_backward_request(body)
+    mine = server_codec.decode_forward_backward_request(body)
     assert theirs[:5] == mine[:5]
     for a, b in zip(theirs[5], mine[5], strict=True):
         assert a.tokens.tolist() == b.tokens.tolist()
@@ -596,7 +597,7 @@ def _backend_outputs(draw: st.DrawFn) -> list[dict[str, np.ndarray]]:
 def test_our_forward_output_encoding_decodes_in_official_client(
     outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]
 ) -> None:
-    payload = _proto.encode_forward_backward_output("ArrayRecord", outputs, metrics)
+    payload = server_codec.encode_forward_backward_output("ArrayRecord", outputs, metrics)
     _assert_same_fbo(
         response_conv.deserialize_forward_backward_output(payload),
         _proto.decode_forward_backward_output(payload),
@@ -631,7 +632,7 @@ def test_our_sample_encoding_decodes_in_official_client() -> None:
         prompt_alt_logprobs=np.array([[-0.1, -0.2], [-0.3, -0.4]], np.float32),
         prompt_cache_hit_tokens=3,
     )
-    payload = _proto.encode_sample_response(result)
+    payload = server_codec.encode_sample_response(result)
     _assert_same_sample(
         response_conv.deserialize_sample_response(payload),
         _proto.decode_sample_response(payload, _ids(payload)),

@@ -46,7 +46,7 @@ def test_legacy_results_are_json_without_sequence_ids_or_metrics(h: Harness) -> 
 
 def test_legacy_json_results_decode_with_the_sdk_codec(h: Harness) -> None:
     """tinker_sync's own client-side JSON decoders read what the legacy server writes."""
-    from tinker_sync._wire._proto import (
+    from tinker_sync._wire._jsonresults import (
         forward_backward_output_from_json,
         sample_response_from_json,
     )

@@ -9,8 +9,8 @@ Usage::
     blob = encode_sample_proto(sample_result)
     obj = sample_result_to_json(sample_result, sequence_ids)
 
-Protobuf and JSON result encoding are delegated to the shared codec ``tinker_sync._wire._proto``
-(validated against the official SDK by its conformance tests); this module adds JSON request
+Protobuf and JSON result encoding are delegated to ``_protocodec`` (validated against the
+official SDK by its conformance tests); this module adds JSON request
 decoding (0.2x shapes, ModelInput, TensorData incl. CSR), validation errors that name the field,
 and metric-key hygiene. Every decoder raises
 :class:`WireError` (a ``ValueError``), which the app answers with a 400.
@@ -30,8 +30,9 @@ import numpy as np
 import numpy.typing as npt
 from google.protobuf.message import DecodeError
 
-from tinker_sync._wire import _proto
+from tinker_sync._wire import _zstd
 from tinker_sync._wire import tinker_public_pb2 as pb
+from tinker_sync.local import _protocodec
 from tinker_sync.local.backends.base import DatumArrays, ForwardResult, SampleResult
 
 #: ``ForwardBackwardOutput.loss_fn_output_type``; the SDK keeps the part after the last ``:``.
@@ -128,7 +129,7 @@ def decode_forward_backward_proto(payload: bytes) -> FwdBwdRequest:
     """Decode a serialized ``tinker_public.ForwardBackwardRequest``."""
     try:
         model_id, seq_id, loss_fn, config, forward_only, datums = (
-            _proto.decode_forward_backward_request(payload)
+            _protocodec.decode_forward_backward_request(payload)
         )
     except (ValueError, IndexError, OverflowError) as exc:
         raise WireError(str(exc)) from None
@@ -140,7 +141,7 @@ def decode_forward_backward(
 ) -> FwdBwdRequest:
     """Decode a forward_backward body: protobuf (optionally zstd), or JSON."""
     try:
-        raw = _proto.decompress_body(body, content_encoding)
+        raw = _zstd.decompress_body(body, content_encoding)
     except ValueError as exc:
         raise WireError(str(exc)) from None
     if "json" in (content_type or "").lower():
@@ -323,18 +324,18 @@ def fix_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 def encode_forward_output_proto(result: ForwardResult, *, with_metrics: bool = True) -> bytes:
     """Serialize a backend :class:`ForwardResult` as ``tinker_public.ForwardBackwardOutput``."""
     metrics = fix_metrics(result.metrics) if with_metrics else {}
-    return _proto.encode_forward_backward_output(OUTPUT_TYPE, result.outputs, metrics)
+    return _protocodec.encode_forward_backward_output(OUTPUT_TYPE, result.outputs, metrics)
 
 
 def encode_sample_proto(result: SampleResult) -> bytes:
     """Serialize a backend :class:`SampleResult` as ``tinker_public.SampleResponse``."""
-    return _proto.encode_sample_response(result)
+    return _protocodec.encode_sample_response(result)
 
 
 def forward_output_to_json(result: ForwardResult, *, with_metrics: bool = True) -> dict[str, Any]:
     """The JSON form of a ForwardBackwardOutput (``with_metrics=False``: empty metrics)."""
     metrics = fix_metrics(result.metrics) if with_metrics else {}
-    return _proto.forward_output_to_json(_JSON_OUTPUT_TYPE, result.outputs, metrics)
+    return _protocodec.forward_output_to_json(_JSON_OUTPUT_TYPE, result.outputs, metrics)
 
 
 def sample_result_to_json(
@@ -342,7 +343,7 @@ def sample_result_to_json(
 ) -> dict[str, Any]:
     """The JSON form of a SampleResponse; ``sequence_ids`` (when given) are added to the
     sequences as ``sequence_id`` (clients that know them from the asample reply ignore it)."""
-    obj = _proto.sample_result_to_json(result)
+    obj = _protocodec.sample_result_to_json(result)
     if sequence_ids is not None:
         for seq, seq_id in zip(obj["sequences"], sequence_ids, strict=False):
             seq["sequence_id"] = seq_id
