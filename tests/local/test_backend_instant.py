@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from tinker_sync.local.backends import get_backend
 from tinker_sync.local.backends._common import checkpoint_info
 from tinker_sync.local.backends.base import (
     BYTE_TOKENIZER_ID,
@@ -17,7 +18,6 @@ from tinker_sync.local.backends.base import (
     LoraSpec,
     SampleOptions,
     UserError,
-    get_backend,
 )
 from tinker_sync.local.backends.instant import DEFAULT_MAX_TOKENS, InstantBackend
 

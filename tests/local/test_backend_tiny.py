@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from tinker_sync.local.backends import get_backend
 from tinker_sync.local.backends.base import (
     BOS_TOKEN_ID,
     BYTE_TOKENIZER_ID,
@@ -20,7 +21,6 @@ from tinker_sync.local.backends.base import (
     LoraSpec,
     SampleOptions,
     UserError,
-    get_backend,
 )
 from tinker_sync.local.backends.tiny import TinyBackend, TinyConfig, TinyModel
 from tinker_sync.local.backends.tiny.model import module_names

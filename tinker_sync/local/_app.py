@@ -69,6 +69,7 @@ from tinker_sync.local._store import (
     SessionRow,
     Store,
 )
+from tinker_sync.local.backends import get_backend
 from tinker_sync.local.backends.base import (
     BYTE_TOKENIZER_ID,
     Backend,
@@ -78,7 +79,6 @@ from tinker_sync.local.backends.base import (
     Sampler,
     SampleResult,
     UserError,
-    get_backend,
 )
 
 __all__ = ["DEFAULT_CLIENT_CONFIG", "DEFAULT_DYNAMIC_CONFIG", "TinkerApp"]
@@ -178,7 +178,7 @@ class TinkerApp:
         """Build the app (no I/O besides opening ``data_dir``; no threads until work arrives).
 
         :param backend: ``"instant"`` (deterministic, microseconds) or ``"tiny"`` (a real
-            small numpy LM), resolved with ``backends.base.get_backend``.
+            small numpy LM), resolved with ``backends.get_backend``.
         :param api_key: the only accepted ``X-API-Key``; ``None`` accepts any key starting with
             ``tml-``. JWTs issued by ``/api/v1/auth/token`` are accepted in its place.
         :param data_dir: where the SQLite database and checkpoint files live. ``None`` makes a

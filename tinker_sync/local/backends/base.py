@@ -172,16 +172,3 @@ class Backend(Protocol):
     def sampler(self, base_model: str, weights: bytes | None) -> Sampler:
         """A sampler on saved sampler weights, or on the frozen base model when None."""
         ...
-
-
-def get_backend(name: str, *, seed: int = 0, accept_any_model: bool = True) -> Backend:
-    """Return a backend by name (``"instant"`` or ``"tiny"``)."""
-    if name == "instant":
-        from tinker_sync.local.backends.instant import InstantBackend
-
-        return InstantBackend(seed=seed, accept_any_model=accept_any_model)
-    if name == "tiny":
-        from tinker_sync.local.backends.tiny import TinyBackend
-
-        return TinyBackend(seed=seed, accept_any_model=accept_any_model)
-    raise ValueError(f"unknown backend {name!r}: expected 'instant' or 'tiny'")
