@@ -107,14 +107,14 @@ def test_factory_servers_are_stopped():
 
 
 def test_reset_process_state_closes_shared_pools(tinker_server):
-    from tinker_sync import _transport
+    from tinker_sync._transport import _pools
     from tinker_sync.testing import reset_process_state
 
     with tinker_sync.RestClient() as rest:
         rest.get_server_capabilities().result(30)
-        assert _transport._registry
+        assert _pools._registry
         reset_process_state()
-        assert not _transport._registry
+        assert not _pools._registry
 """
 
 

@@ -45,6 +45,9 @@ from tinker_sync._transport import (
     Reply,
     RequestSpec,
     Transport,
+    _exchange,
+    _headers,
+    _pools,
     close_all_pools,
     context_without_sdk_method,
     current_sdk_method,
@@ -399,7 +402,7 @@ def test_every_request_has_connect_and_read_timeouts(
         (30, None, (30.0, 30.0)),
         (Timeout(20.0), None, (5.0, 20.0)),
     ]
-    real_exchange = _transport._exchange_pooled
+    real_exchange = _exchange._exchange_pooled
     real_getresponse = http.client.HTTPConnection.getresponse
     read_timeouts: list[float | None] = []
 
@@ -411,7 +414,7 @@ def test_every_request_has_connect_and_read_timeouts(
         read_timeouts.append(self.sock.gettimeout())  # ...and what the socket really had
         return real_getresponse(self)
 
-    monkeypatch.setattr(_transport, "_exchange_pooled", exchange)
+    monkeypatch.setattr(_exchange, "_exchange_pooled", exchange)
     monkeypatch.setattr(http.client.HTTPConnection, "getresponse", getresponse)
     for client_timeout, spec_timeout, expected in cases:
         with transport_for(stub.url, timeout=client_timeout) as t:
@@ -816,9 +819,7 @@ def test_fork_child_rebuilds_pools_and_never_closes_inherited_sockets(stub: Stub
                 ok = t.send_once(post("/api/v1/child")).status == 200
                 rebuilt = t.pools() is not parent_pools
                 buried = any(
-                    parent_pools in group
-                    for group in _transport._GRAVEYARD
-                    if isinstance(group, list)
+                    parent_pools in group for group in _pools._GRAVEYARD if isinstance(group, list)
                 )
                 t.close()
                 close_all_pools()
@@ -993,7 +994,7 @@ def test_prepared_header_lines_match_the_validating_path(stub: Stub) -> None:
     with transport_for(stub.url) as t:
         headers = t.build_headers(spec, 0, KEY)
         assert t.send_once(spec).status == 200
-    assert sum(1 for name, value in headers.items() if (name, value) in _transport._prepared) >= 12
+    assert sum(1 for name, value in headers.items() if (name, value) in _headers._prepared) >= 12
     plain = urllib3.HTTPConnectionPool("127.0.0.1", stub.server.server_address[1], retries=False)
     plain.urlopen("POST", spec.path, body=spec.content, headers=headers)  # http.client's path
     plain.close()
@@ -1002,12 +1003,12 @@ def test_prepared_header_lines_match_the_validating_path(stub: Stub) -> None:
 
 
 def test_only_plain_ascii_header_lines_are_prepared() -> None:
-    _transport.prepare_headers(
+    _headers.prepare_headers(
         {"X-Fine": "ok value", "X-Split": "a\r\nX-Injected: 1", "Bad Name": "v", "X-Uni": "é"}
     )
-    assert ("X-Fine", "ok value") in _transport._prepared
+    assert ("X-Fine", "ok value") in _headers._prepared
     for key in [("X-Split", "a\r\nX-Injected: 1"), ("Bad Name", "v"), ("X-Uni", "é")]:
-        assert key not in _transport._prepared
+        assert key not in _headers._prepared
 
 
 @pytest.mark.parametrize(
@@ -1035,11 +1036,11 @@ def test_303_redirect_becomes_a_get_without_body(stub: Stub) -> None:
 
 def test_redirect_loop_is_a_connection_error(stub: Stub) -> None:
     stub.script(
-        "/api/v1/x", *[(307, {"Location": "/api/v1/x"}, b"")] * (_transport.MAX_REDIRECTS + 1)
+        "/api/v1/x", *[(307, {"Location": "/api/v1/x"}, b"")] * (_exchange.MAX_REDIRECTS + 1)
     )
     with transport_for(stub.url) as t, pytest.raises(APIConnectionError, match="redirects"):
         t.send_once(post())
-    assert len(stub.seen) == _transport.MAX_REDIRECTS + 1
+    assert len(stub.seen) == _exchange.MAX_REDIRECTS + 1
 
 
 def test_compressed_replies_are_decoded(stub: Stub) -> None:
@@ -1091,7 +1092,7 @@ def test_small_bodies_leave_with_their_headers_in_one_write(
         real_send(self, data)
 
     monkeypatch.setattr(http.client.HTTPConnection, "send", send)
-    small, large = b"x" * 1000, b"y" * (_transport._COALESCE_LIMIT + 1)
+    small, large = b"x" * 1000, b"y" * (_headers._COALESCE_LIMIT + 1)
     with transport_for(stub.url) as t:
         for body in (small, large):
             spec = post(json=None, content=body, content_type="application/octet-stream")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tinker_sync._transport import HttpPools, Pool, _environment_settings, _Route
+from tinker_sync._transport import HttpPools, Pool
+from tinker_sync._transport._pools import _Route
+from tinker_sync._transport._settings import _environment_settings
 
 
 @pytest.fixture(autouse=True)

@@ -327,11 +327,12 @@ def held_by_another_thread(locks: list[Any]) -> Iterator[None]:
 
 
 def sdk_locks(sampler: Any) -> list[Any]:
-    from tinker_sync import _executor, _ratelimit, _transport
+    from tinker_sync import _executor, _ratelimit
+    from tinker_sync._transport import _pools
 
     return [
         sampler._seq_lock,
-        _transport._registry_lock,
+        _pools._registry_lock,
         _ratelimit._registry_lock,
         _executor._pools_lock,
     ]

@@ -1,0 +1,155 @@
+"""Failures as SDK exceptions: error replies and urllib3 / OS errors.
+
+Usage::
+
+    raise error_from_reply(reply)                        # 404 -> NotFoundError, ...
+    mapped = map_transport_error(exc, request_snapshot)  # None: not a transport failure
+
+Thread safety: pure functions.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json as _json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import urllib3.exceptions
+
+from tinker_sync._redact import scrub
+from tinker_sync._transport._models import Reply
+from tinker_sync.exceptions import (
+    APIConnectError,
+    APIConnectionError,
+    APIConnectTimeoutError,
+    APIStatusError,
+    APITimeoutError,
+    RequestSnapshot,
+    status_error_class,
+)
+
+
+def error_from_reply(reply: Reply) -> APIStatusError:
+    """The status exception for an error reply (400 -> BadRequestError, ..., 5xx -> Internal).
+
+    ``body`` is the parsed JSON (or the text) and the message reads
+    ``"Error code: 404 - {...}"`` like the official client.
+    """
+    snapshot = reply.snapshot()  # scrubbed: the body must not smuggle a secret either
+    try:
+        body: Any = _json.loads(snapshot.content) if snapshot.content else None
+    except ValueError:
+        body = snapshot.text
+    cls = status_error_class(reply.status)
+    shown = body if body is not None else "(empty body)"
+    return cls(
+        f"Error code: {reply.status} - {shown}",
+        response=snapshot,
+        body=body,
+        request=reply.request,
+    )
+
+
+def is_invalid_token(reply: Reply) -> bool:
+    """A 401 whose ``WWW-Authenticate`` says ``error="invalid_token"`` (RFC 6750)."""
+    return reply.status == 401 and 'error="invalid_token"' in reply.headers.get(
+        "www-authenticate", ""
+    )
+
+
+def _related(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it wraps (args, ``reason``, ``__cause__``, ``__context__``)."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack and len(seen) < 32:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        yield cur
+        nested = [a for a in getattr(cur, "args", ()) if isinstance(a, BaseException)]
+        reason = getattr(cur, "reason", None)
+        if isinstance(reason, BaseException):
+            nested.append(reason)
+        for link in (cur.__cause__, cur.__context__):
+            if link is not None:
+                nested.append(link)
+        stack.extend(reversed(nested))
+
+
+def _requests_exceptions() -> Any:
+    """``requests.exceptions`` if something imported it (else no such exception can exist)."""
+    return sys.modules.get("requests.exceptions")
+
+
+def _is_programming_error(exc: BaseException) -> bool:
+    """A malformed URL or header: a bug to raise as is, not a transport failure."""
+    if isinstance(exc, urllib3.exceptions.LocationValueError):
+        return True
+    rex = _requests_exceptions()
+    return rex is not None and isinstance(
+        exc,
+        (rex.InvalidURL, rex.MissingSchema, rex.InvalidSchema, rex.InvalidHeader, rex.URLRequired),
+    )
+
+
+def map_transport_error(
+    exc: BaseException, request: RequestSnapshot | None = None
+) -> APIConnectionError | None:
+    """Map a urllib3/requests/OS failure to the SDK exception, or None if it is not one.
+
+    * connect timeout -> :class:`APIConnectTimeoutError` (NOT_SENT)
+    * refused / DNS / TLS / proxy / closed pool -> :class:`APIConnectError` (NOT_SENT)
+    * read timeout -> :class:`APITimeoutError`
+    * any other transport failure, e.g. reset, dropped mid-response, EBADF -> APIConnectionError
+    """
+    if isinstance(exc, APIConnectionError):
+        return exc
+    if _is_programming_error(exc):
+        return None
+    rex = _requests_exceptions()
+    chain = list(_related(exc))
+    detail = scrub(_describe(exc))[:300]
+    if (rex is not None and isinstance(exc, rex.ConnectTimeout)) or any(
+        isinstance(e, urllib3.exceptions.ConnectTimeoutError)
+        and not isinstance(e, urllib3.exceptions.NewConnectionError)
+        for e in chain
+    ):
+        return APIConnectTimeoutError(f"Connect timed out: {detail}", request)
+    refused: tuple[type[BaseException], ...] = (
+        urllib3.exceptions.NewConnectionError,
+        urllib3.exceptions.ClosedPoolError,
+        urllib3.exceptions.ProxyError,
+        urllib3.exceptions.SSLError,
+        ConnectionRefusedError,
+    )
+    if rex is not None:
+        refused = (*refused, rex.ProxyError, rex.SSLError)
+    if any(isinstance(e, refused) for e in chain):
+        return APIConnectError(f"Connection failed: {detail}", request)
+    if (rex is not None and isinstance(exc, rex.ReadTimeout)) or any(
+        isinstance(e, (urllib3.exceptions.ReadTimeoutError, TimeoutError)) for e in chain
+    ):
+        return APITimeoutError(f"Request timed out: {detail}", request)
+    wire: tuple[type[BaseException], ...] = (
+        urllib3.exceptions.HTTPError,
+        http.client.HTTPException,  # IncompleteRead, BadStatusLine, LineTooLong, ...
+        OSError,
+    )
+    if rex is not None:
+        wire = (*wire, rex.RequestException)
+    if isinstance(exc, wire):
+        return APIConnectionError(f"Connection error: {detail}", request)
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    innermost = exc
+    for e in _related(exc):
+        innermost = e
+    text = str(innermost) or type(innermost).__name__
+    if innermost is exc:
+        return f"{type(exc).__name__}: {text}"
+    return f"{type(exc).__name__} ({type(innermost).__name__}: {text})"

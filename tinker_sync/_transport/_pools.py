@@ -1,0 +1,345 @@
+"""Connection pools: one urllib3 pool manager per traffic type and server, shared per process.
+
+Usage::
+
+    pools = acquire_pools(normalized_base_url)    # reference counted
+    route = pools.route(Pool.SAMPLE)              # urllib3 pools for sampling traffic
+    pools.abort_inflight()                        # interpreter exit only
+
+Thread safety: every function and method is thread-safe. Fork safety: a child abandons the
+pools it inherited (never closing the parent's sockets) and acquires new ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import urllib.parse
+import weakref
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from urllib3 import PoolManager, ProxyManager
+from urllib3.connection import HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+from tinker_sync._clock import register_exit_callback
+from tinker_sync._fork import current_pid, make_lock, register_after_fork
+from tinker_sync._transport._headers import _PreparedHeaders
+from tinker_sync._transport._models import DEFAULT_POOL_SIZES, Pool
+from tinker_sync._transport._settings import _environment_settings, _proxy_for, _tls_settings
+from tinker_sync.exceptions import ClientClosedError
+
+logger = logging.getLogger("tinker_sync.transport")
+
+BARE_400_BUDGET = 16
+"""Bare 400s (empty body, a proxy rejection) retried as connection errors per pool (§5.3)."""
+
+
+class _InflightTracker:
+    """The connections currently checked out of one pool's urllib3 pools (weakly held).
+
+    ``abort()`` shuts their sockets down so that reads blocked in other threads return at once;
+    with ``sticky=True`` every connection checked out or connected later fails the same way.
+    Used at interpreter exit (B55), in the process that opened the connections.
+    """
+
+    def __init__(self) -> None:
+        self._lock = make_lock()
+        self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.aborted = False
+
+    def add(self, conn: Any) -> None:
+        with self._lock:
+            self._conns.add(conn)
+            aborted = self.aborted
+        if aborted:
+            _shutdown(conn)
+
+    def discard(self, conn: Any) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+
+    def connected(self, conn: Any) -> None:
+        with self._lock:
+            aborted = self.aborted
+        if aborted:
+            _shutdown(conn)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def abort(self, *, sticky: bool = False) -> int:
+        with self._lock:
+            conns = list(self._conns)
+            self.aborted = self.aborted or sticky
+        return sum(_shutdown(conn) for conn in conns)
+
+
+def _shutdown(conn: Any) -> bool:
+    sock = getattr(conn, "sock", None)
+    if sock is None:
+        return False
+    try:
+        # The plain-socket shutdown also works under TLS without touching the SSL object.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        return False
+    return True
+
+
+class _TrackedConnection(_PreparedHeaders):
+    """Reports every (re)connect to its pool's tracker (a sticky abort closes it at once)."""
+
+    tracker: _InflightTracker
+
+    def connect(self) -> None:
+        super().connect()
+        self.tracker.connected(self)
+
+
+class _TrackedHTTPSConnection(_TrackedConnection, HTTPSConnection):
+    pass
+
+
+class _TrackedPool(HTTPConnectionPool):
+    """Counts its connections as in flight from checkout until they are handed back."""
+
+    tracker: _InflightTracker
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)
+        self.tracker.add(conn)
+        return conn
+
+    def _put_conn(self, conn: Any) -> None:
+        if conn is not None:
+            self.tracker.discard(conn)
+        super()._put_conn(conn)
+
+
+class _TrackedHTTPSPool(_TrackedPool, HTTPSConnectionPool):
+    pass
+
+
+def _tracking_pool_classes(tracker: _InflightTracker) -> dict[str, type[HTTPConnectionPool]]:
+    """urllib3 pool classes by scheme whose connections report to ``tracker``."""
+    classes: dict[str, type[HTTPConnectionPool]] = {}
+    for scheme, pool_cls, conn_cls in (
+        ("http", _TrackedPool, _TrackedConnection),
+        ("https", _TrackedHTTPSPool, _TrackedHTTPSConnection),
+    ):
+        conn = type(conn_cls.__name__, (conn_cls,), {"tracker": tracker})
+        classes[scheme] = type(
+            pool_cls.__name__, (pool_cls,), {"tracker": tracker, "ConnectionCls": conn}
+        )
+    return classes
+
+
+class _Route:
+    """How one :class:`Pool` reaches the server: a urllib3 pool manager and the origin's pool.
+
+    Requests to the base URL's origin go straight to ``origin`` (path-only request target),
+    skipping the manager's per-request URL parsing; ``forward`` is set when a plain-HTTP proxy
+    must see absolute URLs, in which case every request goes through the manager. Redirects to
+    other origins always go through the manager.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        size: int,
+        tracker: _InflightTracker | None,
+        settings: tuple[Mapping[str, str], bool | str],
+    ) -> None:
+        proxies, verify = settings
+        scheme = urllib.parse.urlsplit(base_url).scheme or "http"
+        kw: dict[str, Any] = {"maxsize": size, "block": False, "retries": False}
+        if scheme == "https":
+            kw.update(_tls_settings(verify))
+        proxy = _proxy_for(proxies, scheme)
+        manager: PoolManager
+        if proxy is None:
+            manager = PoolManager(num_pools=4, **kw)
+        elif proxy.lower().startswith("socks"):
+            from urllib3.contrib.socks import SOCKSProxyManager
+
+            manager = SOCKSProxyManager(proxy, num_pools=4, **kw)
+        else:
+            manager = ProxyManager(proxy, num_pools=4, **kw)
+        if tracker is not None:
+            manager.pool_classes_by_scheme = _tracking_pool_classes(tracker)
+        self.manager = manager
+        self.forward = isinstance(manager, ProxyManager) and scheme == "http"
+        self.origin = manager.connection_from_url(base_url)
+
+    def close(self) -> None:
+        """Close every connection now (urllib3 2 leaves pools open until collected)."""
+        try:
+            self.origin.close()
+            self.manager.clear()
+        except Exception:  # pragma: no cover - best effort
+            logger.debug("closing connection pools failed", exc_info=True)
+
+
+_GRAVEYARD: list[object] = []
+"""Transport state inherited over fork: kept alive forever, never closed (B50)."""
+
+
+class HttpPools:
+    """One :class:`_Route` (urllib3 connection pools) per :class:`Pool` for one server.
+
+    Keyed by (pid, normalized base_url); get one with :func:`acquire_pools`. Also holds the
+    per-pool bare-400 budgets (§5.3).
+    Thread safety: all methods are thread-safe. Fork safety: abandoned in a child (see module).
+    """
+
+    def __init__(self, base_url: str, sizes: Mapping[Pool, int] | None = None) -> None:
+        self.base_url = base_url
+        self.pid = current_pid()
+        self._sizes = {**DEFAULT_POOL_SIZES, **(sizes or {})}
+        self._settings = _environment_settings(base_url)
+        self._lock = make_lock()
+        self._routes: dict[Pool, _Route] = {}
+        self._budget: dict[Pool, int] = dict.fromkeys(Pool, BARE_400_BUDGET)
+        self._inflight = {pool: _InflightTracker() for pool in Pool}
+        self._users = 0
+        self.closed = False
+
+    def route(self, pool: Pool) -> _Route:
+        """The connection pools for ``pool`` (created on first use)."""
+        route = self._routes.get(pool)
+        if route is not None and not self.closed:
+            return route
+        with self._lock:
+            if self.closed:
+                raise ClientClosedError("HTTP connection pools are closed")
+            route = self._routes.get(pool)
+            if route is None:
+                route = self._routes[pool] = _Route(
+                    self.base_url, self._sizes[pool], self._inflight[pool], self._settings
+                )
+            return route
+
+    def reset(self, pool: Pool) -> None:
+        """Replace ``pool``'s connections so new requests open new ones.
+
+        Requests in flight finish on the old pools, which are then left to the garbage
+        collector (like the official pool, which replaces its client without closing it).
+        """
+        with self._lock:
+            self._routes.pop(pool, None)
+
+    def take_bare_400(self, pool: Pool) -> bool:
+        """Spend one unit of ``pool``'s bare-400 budget; False when it is exhausted."""
+        with self._lock:
+            if self._budget[pool] <= 0:
+                return False
+            self._budget[pool] -= 1
+            return True
+
+    def refill(self, pool: Pool) -> None:
+        """A successful request earns one unit back (up to :data:`BARE_400_BUDGET`)."""
+        if self._budget[pool] >= BARE_400_BUDGET:  # the common case, without the lock
+            return
+        with self._lock:
+            if self._budget[pool] < BARE_400_BUDGET:
+                self._budget[pool] += 1
+
+    def budget(self, pool: Pool) -> int:
+        with self._lock:
+            return self._budget[pool]
+
+    def inflight(self, pool: Pool | None = None) -> int:
+        """How many connections are in use right now (requests being sent or read)."""
+        pools = list(Pool) if pool is None else [pool]
+        return sum(len(self._inflight[p]) for p in pools)
+
+    def abort_inflight(self, *, sticky: Collection[Pool] = ()) -> int:
+        """Shut down the sockets of requests in flight (they fail with APIConnectionError).
+
+        Pools listed in ``sticky`` also fail every later request at once. For interpreter exit
+        only; a no-op on pools inherited over fork. Returns how many sockets were shut down.
+        """
+        if self.pid != current_pid():
+            return 0
+        return sum(t.abort(sticky=p in sticky) for p, t in self._inflight.items())
+
+    def close(self) -> None:
+        """Close every connection (only in the process that opened them)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            routes = list(self._routes.values())
+            self._routes.clear()
+        if self.pid != current_pid():
+            _GRAVEYARD.append(routes)
+            return
+        for route in routes:
+            route.close()
+
+    def __repr__(self) -> str:
+        return f"<HttpPools {self.base_url} pid={self.pid} users={self._users}>"
+
+
+_registry_lock = make_lock()
+_registry: dict[tuple[int, str], HttpPools] = {}
+
+
+def acquire_pools(normalized_base_url: str, sizes: Mapping[Pool, int] | None = None) -> HttpPools:
+    """The shared pools of this process for a server (reference counted: Transport.close)."""
+    key = (current_pid(), normalized_base_url)
+    with _registry_lock:
+        pools = _registry.get(key)
+        if pools is None or pools.closed:
+            pools = _registry[key] = HttpPools(normalized_base_url, sizes)
+        pools._users += 1
+        return pools
+
+
+def _release_pools(pools: HttpPools) -> None:
+    with _registry_lock:
+        pools._users -= 1
+        if pools._users > 0:
+            return
+        key = (pools.pid, pools.base_url)
+        if _registry.get(key) is pools:
+            del _registry[key]
+    pools.close()
+
+
+def close_all_pools() -> None:
+    """Close every shared pool of this process (tests' ``reset_process_state``)."""
+    with _registry_lock:
+        everything = list(_registry.values())
+        _registry.clear()
+    for pools in everything:
+        pools.close()
+
+
+def _abandon_pools_in_child() -> None:
+    # Runs in a forked child: keep the parent's sessions alive and never touch their sockets.
+    _GRAVEYARD.append(list(_registry.values()))
+    _registry.clear()
+
+
+register_after_fork(_abandon_pools_in_child)
+
+
+LONG_POLL_POOLS = frozenset({Pool.RETRIEVE_PROMISE, Pool.RETRIEVE_FUTURES})
+"""Pools whose requests fail at once after interpreter exit began (others may still send)."""
+
+
+def _abort_inflight_at_exit() -> None:
+    # B55: a long poll blocked in a (non-daemon) pool thread must not delay interpreter exit.
+    # Only the long-poll pools refuse new requests, so atexit handlers can still finish a
+    # session or flush telemetry over the other pools.
+    with _registry_lock:
+        everything = list(_registry.values())
+    for pools in everything:
+        pools.abort_inflight(sticky=LONG_POLL_POOLS)
+
+
+register_exit_callback(_abort_inflight_at_exit)
