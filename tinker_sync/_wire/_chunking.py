@@ -9,8 +9,8 @@ Datums are taken in order. A new chunk starts when the current one already holds
 datums, or when it is non-empty and adding the next datum would push its estimated size past
 ``max_bytes``; a single oversized datum forms a chunk of its own (BEHAVIOR B26, PROTOCOL §7.1).
 
-The estimate (:func:`estimate_datum_bytes`) is 4 bytes per text token, ``len(data)`` per image,
-``len(location)`` per image asset pointer, ``len(dmel)`` per dmel chunk, plus each
+The estimate (:func:`estimate_datum_bytes`) is the protobuf size: each model-input chunk as
+``_estimates.estimate_chunk_bytes`` charges it with 4 bytes per text token, plus each
 loss_fn_input's raw array size in its dtype and 8 bytes per CSR index.
 
 Thread and fork safety: pure functions without shared state.
@@ -20,19 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tinker_sync.types import (
-    Datum,
-    DmelChunk,
-    ImageAssetPointerChunk,
-    ImageChunk,
-    ModelInputChunk,
-    TensorData,
-)
+from tinker_sync._wire._estimates import PROTO_BYTES_PER_TOKEN, estimate_chunk_bytes
+from tinker_sync.types import Datum, TensorData
 
 __all__ = [
     "DEFAULT_MAX_CHUNK_BYTES",
     "DEFAULT_MAX_CHUNK_LEN",
-    "PROTO_BYTES_PER_TOKEN",
     "chunk_plan",
     "chunk_ranges",
     "chunk_ranges_from_sizes",
@@ -43,19 +36,7 @@ __all__ = [
 DEFAULT_MAX_CHUNK_LEN = 1024
 #: Server config ``fwdbwd_max_chunk_bytes_count`` default.
 DEFAULT_MAX_CHUNK_BYTES = 5_000_000
-#: Estimated protobuf bytes per text token (int32 on the wire).
-PROTO_BYTES_PER_TOKEN = 4
 _SPARSE_INDEX_BYTES = 8
-
-
-def _chunk_bytes(chunk: ModelInputChunk) -> int:
-    if isinstance(chunk, DmelChunk):
-        return len(chunk.dmel)
-    if isinstance(chunk, ImageChunk):
-        return len(chunk.data)
-    if isinstance(chunk, ImageAssetPointerChunk):
-        return len(chunk.location)
-    return chunk.length * PROTO_BYTES_PER_TOKEN
 
 
 def _tensor_bytes(tensor: TensorData) -> int:
@@ -76,7 +57,7 @@ def estimate_datum_bytes(datum: Datum) -> int:
     """
     total = 0
     for chunk in datum.model_input.chunks:
-        total += _chunk_bytes(chunk)
+        total += estimate_chunk_bytes(chunk, PROTO_BYTES_PER_TOKEN)
     for tensor in datum.loss_fn_inputs.values():
         total += _tensor_bytes(tensor)
     return total

@@ -1,9 +1,17 @@
-"""Byte estimates of sampling prompts for the sampling dispatch byte gate (BEHAVIOR B12).
+"""Byte estimates of model-input chunks: one function, two per-token charges.
 
-Usage: ``charge = estimate_prompt_bytes(prompt)`` (multiply by 20 while backed off).
+Usage::
 
-The estimate matches the official client: 10 bytes per text token, ``len(data)`` per image,
-``len(location)`` per image asset pointer and ``len(dmel)`` per dmel chunk.
+    charge = estimate_prompt_bytes(prompt)                           # sampling byte gate
+    size = estimate_chunk_bytes(chunk, PROTO_BYTES_PER_TOKEN)        # forward_backward chunking
+
+A chunk is charged ``len(data)`` per image, ``len(location)`` per image asset pointer,
+``len(dmel)`` per dmel chunk, and ``bytes_per_token`` per text token. The per-token charge is two
+different facts of the official client, each with its own budget: the sampling dispatch gate
+charges 10 bytes per prompt token (``docs/design/behavior.md#dispatch-gates``), while the
+forward/backward chunker estimates the protobuf size, 4 bytes per int32 token
+(``docs/design/behavior.md#fwdbwd-chunking``). ``tests/conformance/test_estimates_conformance.py``
+checks both against the official SDK.
 
 Thread and fork safety: pure functions without shared state.
 """
@@ -18,21 +26,33 @@ from tinker_sync.types import (
     ModelInputChunk,
 )
 
-__all__ = ["SAMPLE_BYTES_PER_TOKEN", "estimate_chunk_bytes", "estimate_prompt_bytes"]
+__all__ = [
+    "PROTO_BYTES_PER_TOKEN",
+    "SAMPLE_BYTES_PER_TOKEN",
+    "estimate_chunk_bytes",
+    "estimate_prompt_bytes",
+]
 
-#: Bytes charged per text token of a sampling prompt.
+#: Bytes charged per text token of a sampling prompt (the dispatch byte gate).
 SAMPLE_BYTES_PER_TOKEN = 10
+#: Estimated protobuf bytes per text token of forward_backward data (int32 on the wire).
+PROTO_BYTES_PER_TOKEN = 4
 
 
-def estimate_chunk_bytes(chunk: ModelInputChunk) -> int:
-    """The sampling byte charge of one prompt chunk (see the module docstring)."""
+def estimate_chunk_bytes(
+    chunk: ModelInputChunk, bytes_per_token: int = SAMPLE_BYTES_PER_TOKEN
+) -> int:
+    """The byte charge of one model-input chunk (see the module docstring).
+
+    Usage: ``estimate_chunk_bytes(EncodedTextChunk(tokens=[1, 2]), PROTO_BYTES_PER_TOKEN)`` -> 8.
+    """
     if isinstance(chunk, DmelChunk):
         return len(chunk.dmel)
     if isinstance(chunk, ImageChunk):
         return len(chunk.data)
     if isinstance(chunk, ImageAssetPointerChunk):
         return len(chunk.location)
-    return chunk.length * SAMPLE_BYTES_PER_TOKEN
+    return chunk.length * bytes_per_token
 
 
 def estimate_prompt_bytes(model_input: ModelInput) -> int:
