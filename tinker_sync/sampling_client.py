@@ -53,12 +53,13 @@ import random
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
+from tinker_sync import _pending
 from tinker_sync._clock import Clock
 from tinker_sync._executor import Claimable, call_later, pool
 from tinker_sync._fork import make_lock, register_after_fork
@@ -355,6 +356,14 @@ class SamplingClient:
     def result(self, timeout: float | None = None) -> SamplingClient:
         """0.38 compatibility: creation already returned the client."""
         return self
+
+    async def result_async(self, timeout: float | None = None) -> SamplingClient:
+        """0.38 compatibility: ``await client.result_async()`` gives the client."""
+        return self
+
+    def __await__(self) -> Generator[Any, None, SamplingClient]:
+        """``await client`` gives the client at once (creation results are awaitable)."""
+        return _pending.ready(self)
 
     def __repr__(self) -> str:
         return f"<SamplingClient sampler_id={self._sampler_id!r} base_model={self._base_model!r}>"
@@ -685,6 +694,10 @@ class SamplingClient:
 
     async def compute_logprobs_async(self, *args: Any, **kwargs: Any) -> list[float | None]:
         return await self.compute_logprobs(*args, **kwargs)
+
+
+class PendingSamplingClient(_pending.PendingClient, SamplingClient):
+    """A SamplingClient still being created (async code only); ``await`` it for the client."""
 
 
 BackcompatSamplingClientFuture = SamplingClient

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
+from tinker_sync import _pending
 from tinker_sync._clock import SYSTEM_CLOCK, Clock
 from tinker_sync._config import ClientConfig, Timeout, normalize_base_url
 from tinker_sync._futures import APIFuture
@@ -160,22 +161,42 @@ class ServiceClient:
         user_metadata: dict[str, str] | None = None,
         optimizer: OptimizerConfig | None = None,
     ) -> TrainingClient:
-        """Create a LoRA training run and return its client (blocks through queueing)."""
+        """Create a LoRA training run and return its client (blocks through queueing).
+
+        Awaitable too: in async code ``await service.create_lora_training_client(...)``
+        creates on an SDK thread and never blocks the event loop (see ``_pending``).
+        """
+        if not isinstance(base_model, str) or not base_model:
+            raise ValueError("base_model must be a non-empty str")
+        if not (train_mlp or train_attn or train_unembed):
+            raise ValueError("at least one of train_mlp, train_attn, train_unembed must be True")
+        lora = LoraConfig(
+            rank=rank,
+            seed=seed,
+            train_unembed=train_unembed,
+            train_mlp=train_mlp,
+            train_attn=train_attn,
+        )
+        optimizer = optimizer if optimizer is not None else AdamOptimizerConfig()
+        return _pending.create(
+            _pending_training_client,
+            "create_lora_training_client",
+            self._session,
+            self._create_lora,
+            base_model,
+            lora,
+            optimizer,
+            user_metadata,
+        )
+
+    def _create_lora(
+        self,
+        base_model: str,
+        lora: LoraConfig,
+        optimizer: OptimizerConfig,
+        user_metadata: dict[str, str] | None,
+    ) -> TrainingClient:
         with sdk_method_scope("ServiceClient.create_lora_training_client"):
-            if not isinstance(base_model, str) or not base_model:
-                raise ValueError("base_model must be a non-empty str")
-            if not (train_mlp or train_attn or train_unembed):
-                raise ValueError(
-                    "at least one of train_mlp, train_attn, train_unembed must be True"
-                )
-            lora = LoraConfig(
-                rank=rank,
-                seed=seed,
-                train_unembed=train_unembed,
-                train_mlp=train_mlp,
-                train_attn=train_attn,
-            )
-            optimizer = optimizer if optimizer is not None else AdamOptimizerConfig()
             session = self._started_session()
             model_seq = session.next_counter("model")
             body: dict[str, Any] = {
@@ -235,11 +256,21 @@ class ServiceClient:
         weights_access_token: str | None = None,
         optimizer: OptimizerConfig | None = None,
     ) -> TrainingClient:
-        """A new run initialised from checkpoint weights; the optimizer starts fresh."""
-        with sdk_method_scope("ServiceClient.create_training_client_from_state"):
-            return self._from_state(
-                path, False, base_model, user_metadata, weights_access_token, optimizer
-            )
+        """A new run initialised from checkpoint weights; the optimizer starts fresh (awaitable)."""
+        ParsedCheckpointTinkerPath.from_tinker_path(path)
+        return _pending.create(
+            _pending_training_client,
+            "create_training_client_from_state",
+            self._session,
+            self._from_state,
+            "ServiceClient.create_training_client_from_state",
+            path,
+            False,
+            base_model,
+            user_metadata,
+            weights_access_token,
+            optimizer,
+        )
 
     @captures_exceptions
     def create_training_client_from_state_with_optimizer(
@@ -249,13 +280,41 @@ class ServiceClient:
         user_metadata: dict[str, str] | None = None,
         weights_access_token: str | None = None,
     ) -> TrainingClient:
-        """A new run restored from a checkpoint, optimizer state included: how to resume."""
-        with sdk_method_scope("ServiceClient.create_training_client_from_state_with_optimizer"):
-            return self._from_state(
-                path, True, base_model, user_metadata, weights_access_token, None
-            )
+        """A new run restored from a checkpoint, optimizer state included: how to resume.
+
+        Awaitable too, like every creation method.
+        """
+        ParsedCheckpointTinkerPath.from_tinker_path(path)
+        return _pending.create(
+            _pending_training_client,
+            "create_training_client_from_state_with_optimizer",
+            self._session,
+            self._from_state,
+            "ServiceClient.create_training_client_from_state_with_optimizer",
+            path,
+            True,
+            base_model,
+            user_metadata,
+            weights_access_token,
+            None,
+        )
 
     def _from_state(
+        self,
+        sdk_method: str,
+        path: str,
+        with_optimizer: bool,
+        base_model: str | None,
+        user_metadata: dict[str, str] | None,
+        weights_access_token: str | None,
+        optimizer: OptimizerConfig | None,
+    ) -> TrainingClient:
+        with sdk_method_scope(sdk_method):
+            return self._from_state_in_scope(
+                path, with_optimizer, base_model, user_metadata, weights_access_token, optimizer
+            )
+
+    def _from_state_in_scope(
         self,
         path: str,
         with_optimizer: bool,
@@ -264,7 +323,6 @@ class ServiceClient:
         weights_access_token: str | None,
         optimizer: OptimizerConfig | None,
     ) -> TrainingClient:
-        ParsedCheckpointTinkerPath.from_tinker_path(path)
         session = self._started_session()
         server_key = normalize_base_url(self._config.base_url)
         if server_key not in _legacy_load_servers:
@@ -347,16 +405,38 @@ class ServiceClient:
         retry_config: RetryConfig | None = None,
         record_stability_info: bool = False,
     ) -> SamplingClient:
-        """Create a sampling session on saved weights (``tinker://``) or a base model."""
+        """Create a sampling session on saved weights (``tinker://``) or a base model.
+
+        Awaitable too: in async code ``await service.create_sampling_client(...)`` never
+        blocks the event loop.
+        """
+        if model_path is None and base_model is None:
+            raise ValueError("create_sampling_client needs model_path or base_model")
+        if model_path is not None and (
+            not isinstance(model_path, str) or not model_path.startswith("tinker://")
+        ):
+            raise ValueError(f"model_path must start with 'tinker://', got {model_path!r}")
+        return _pending.create(
+            _pending_sampling_client,
+            "create_sampling_client",
+            self._session,
+            self._create_sampling,
+            model_path,
+            base_model,
+            retry_config,
+            record_stability_info,
+        )
+
+    def _create_sampling(
+        self,
+        model_path: str | None,
+        base_model: str | None,
+        retry_config: RetryConfig | None,
+        record_stability_info: bool,
+    ) -> SamplingClient:
         with sdk_method_scope("ServiceClient.create_sampling_client"):
             from tinker_sync.sampling_client import SamplingClient
 
-            if model_path is None and base_model is None:
-                raise ValueError("create_sampling_client needs model_path or base_model")
-            if model_path is not None and (
-                not isinstance(model_path, str) or not model_path.startswith("tinker://")
-            ):
-                raise ValueError(f"model_path must start with 'tinker://', got {model_path!r}")
             session = self._started_session()
             seq = session.next_counter("sampling")
             body: dict[str, Any] = {
@@ -632,6 +712,18 @@ class ServiceClient:
         if outcome[1] is not None:
             raise outcome[1]
         return outcome[0]
+
+
+def _pending_training_client(future: APIFuture[TrainingClient]) -> TrainingClient:
+    from tinker_sync.training_client import PendingTrainingClient
+
+    return PendingTrainingClient(future)
+
+
+def _pending_sampling_client(future: APIFuture[SamplingClient]) -> SamplingClient:
+    from tinker_sync.sampling_client import PendingSamplingClient
+
+    return PendingSamplingClient(future)
 
 
 def _rejects_request_shape(exc: NotFoundError | UnprocessableEntityError) -> bool:

@@ -23,9 +23,10 @@ import functools
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
+from tinker_sync import _pending
 from tinker_sync._executor import pool
 from tinker_sync._futures import APIFuture
 from tinker_sync._polldecide import Decision
@@ -196,6 +197,14 @@ class TrainingClient:
     def result(self, timeout: float | None = None) -> TrainingClient:
         """0.38 compatibility: creation already returned the client."""
         return self
+
+    async def result_async(self, timeout: float | None = None) -> TrainingClient:
+        """0.38 compatibility: ``await client.result_async()`` gives the client."""
+        return self
+
+    def __await__(self) -> Generator[Any, None, TrainingClient]:
+        """``await client`` gives the client at once (creation results are awaitable)."""
+        return _pending.ready(self)
 
     # ---------------------------------------------------------------- metadata (B7)
 
@@ -741,6 +750,8 @@ class TrainingClient:
                     "type": "save_weights_for_sampler",
                 }
 
+            # The save takes its seq_id here, in the caller's thread, so it stays ordered after
+            # the calls made before it; only the wait may move to an SDK thread.
             fut = self._single_op(
                 "TrainingClient.save_weights_and_get_sampling_client",
                 "SaveWeightsForSampler",
@@ -749,6 +760,26 @@ class TrainingClient:
                 _decode_as(SaveWeightsForSamplerResponse),
                 max_retries=0,
             )
+            from tinker_sync.sampling_client import PendingSamplingClient
+
+            sampler: SamplingClient = _pending.create(
+                PendingSamplingClient,
+                "save_weights_and_get_sampling_client",
+                self._session,
+                self._sampler_after_save,
+                fut,
+                retry_config,
+                record_stability_info,
+            )
+            return sampler
+
+    def _sampler_after_save(
+        self,
+        fut: APIFuture[SaveWeightsForSamplerResponse],
+        retry_config: RetryConfig | None,
+        record_stability_info: bool,
+    ) -> SamplingClient:
+        with sdk_method_scope("TrainingClient.save_weights_and_get_sampling_client"):
             response = fut.result()
             sampler_id = response.sampling_session_id
             if not sampler_id:
@@ -879,6 +910,10 @@ class TrainingClient:
         return await run_blocking(
             self.create_sampling_client, model_path, retry_config, record_stability_info
         )
+
+
+class PendingTrainingClient(_pending.PendingClient, TrainingClient):
+    """A TrainingClient still being created (async code only); ``await`` it for the client."""
 
 
 BackcompatTrainingClientFuture = TrainingClient
