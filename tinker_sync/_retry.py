@@ -37,6 +37,7 @@ from typing import TypeVar
 import attrs
 import urllib3.exceptions
 
+from tinker_sync._causes import related
 from tinker_sync._clock import SYSTEM_CLOCK, Clock, exiting
 from tinker_sync._fork import make_lock
 from tinker_sync._transport import (
@@ -174,23 +175,6 @@ def _x_should_retry(headers: Mapping[str, str] | None) -> bool | None:
     return None
 
 
-def _causes(exc: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    seen: set[int] = set()
-    stack: list[BaseException] = [exc]
-    while stack and len(chain) < 32:
-        cur = stack.pop()
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        chain.append(cur)
-        for link in (cur.__cause__, cur.__context__, getattr(cur, "reason", None)):
-            if isinstance(link, BaseException):
-                stack.append(link)
-        stack.extend(a for a in getattr(cur, "args", ()) if isinstance(a, BaseException))
-    return chain
-
-
 _TRANSPORT_FAILURES = (
     urllib3.exceptions.ProtocolError,
     urllib3.exceptions.TimeoutError,
@@ -202,7 +186,7 @@ _TRANSPORT_FAILURES = (
 
 def _transport_failure(exc: BaseException) -> bool:
     """A transport-level failure anywhere in the cause chain (incl. EBADF-style OSErrors)."""
-    for e in _causes(exc):
+    for e in related(exc):
         if isinstance(e, APIConnectionError):
             return True
         if isinstance(e, TinkerError):
@@ -221,7 +205,7 @@ def _transport_failure(exc: BaseException) -> bool:
 
 def is_user_error(exc: BaseException) -> bool:
     """Category ``user`` or a 4xx other than 408, following ``__cause__``/``__context__``."""
-    for e in _causes(exc):
+    for e in related(exc):
         if isinstance(e, RequestFailedError) and e.category is RequestErrorCategory.User:
             return True
         status = getattr(e, "status_code", None)

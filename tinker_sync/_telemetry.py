@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tinker_sync._causes import related
 from tinker_sync._config import PROTOCOL_VERSION, Timeout
 from tinker_sync._fork import register_after_fork
 from tinker_sync._redact import scrub
@@ -206,14 +207,10 @@ class Telemetry:
 
 
 def _user_status(exc: BaseException) -> int | None:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        status = getattr(current, "status_code", None)
+    for e in related(exc):
+        status = getattr(e, "status_code", None)
         if isinstance(status, int) and 400 <= status < 500 and status != 408:
             return status
-        current = current.__cause__ or current.__context__
     return None
 
 

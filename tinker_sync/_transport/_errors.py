@@ -13,11 +13,11 @@ from __future__ import annotations
 import http.client
 import json as _json
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import urllib3.exceptions
 
+from tinker_sync._causes import related
 from tinker_sync._redact import scrub
 from tinker_sync._transport._models import Reply
 from tinker_sync.exceptions import (
@@ -59,26 +59,6 @@ def is_invalid_token(reply: Reply) -> bool:
     )
 
 
-def _related(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and the exceptions it wraps (args, ``reason``, ``__cause__``, ``__context__``)."""
-    seen: set[int] = set()
-    stack = [exc]
-    while stack and len(seen) < 32:
-        cur = stack.pop()
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        yield cur
-        nested = [a for a in getattr(cur, "args", ()) if isinstance(a, BaseException)]
-        reason = getattr(cur, "reason", None)
-        if isinstance(reason, BaseException):
-            nested.append(reason)
-        for link in (cur.__cause__, cur.__context__):
-            if link is not None:
-                nested.append(link)
-        stack.extend(reversed(nested))
-
-
 def _requests_exceptions() -> Any:
     """``requests.exceptions`` if something imported it (else no such exception can exist)."""
     return sys.modules.get("requests.exceptions")
@@ -110,7 +90,7 @@ def map_transport_error(
     if _is_programming_error(exc):
         return None
     rex = _requests_exceptions()
-    chain = list(_related(exc))
+    chain = list(related(exc))
     detail = scrub(_describe(exc))[:300]
     if (rex is not None and isinstance(exc, rex.ConnectTimeout)) or any(
         isinstance(e, urllib3.exceptions.ConnectTimeoutError)
@@ -147,7 +127,7 @@ def map_transport_error(
 
 def _describe(exc: BaseException) -> str:
     innermost = exc
-    for e in _related(exc):
+    for e in related(exc):
         innermost = e
     text = str(innermost) or type(innermost).__name__
     if innermost is exc:
