@@ -199,6 +199,39 @@ def _jwt_without_exp() -> str:
     return f"eyJhbGciOiJIUzI1NiJ9.{body}.sig"
 
 
+def _jwt_with_claims(claims: bytes) -> str:
+    body = base64.urlsafe_b64encode(claims).rstrip(b"=").decode()
+    return f"eyJhbGciOiJIUzI1NiJ9.{body}.sig"
+
+
+@pytest.mark.parametrize(
+    ("claims", "expected"),
+    [
+        (b'{"exp": 1700000000}', 1700000000.0),
+        (b'{"exp": 1700000000.5}', 1700000000.5),
+        (b'{"exp": "1700000000"}', 1700000000.0),  # float(exp), as the official client reads it
+        (b'{"exp": true}', None),
+        (b'{"exp": "soon"}', None),
+        (b'{"exp": "nan"}', None),
+        (b'{"exp": null}', None),
+        (b'{"exp": [1]}', None),
+    ],
+)
+def test_one_expiry_rule_for_static_keys_and_the_refresh_schedule(
+    claims: bytes, expected: float | None
+) -> None:
+    """The static-key check and the JWT refresher read ``exp`` through the same parser."""
+    from tinker_sync import _auth
+
+    token = _jwt_with_claims(claims)
+    if expected is None:
+        with pytest.raises(ValueError, match="no numeric exp"):
+            jwt_expiry(token)
+    else:
+        assert jwt_expiry(token) == expected
+    assert _auth._expiry(token) == expected
+
+
 # ---------------------------------------------------------------------------------------------
 # Credentials (T-J1, B57)
 # ---------------------------------------------------------------------------------------------

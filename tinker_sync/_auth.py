@@ -37,6 +37,7 @@ from tinker_sync._config import (
     ServerConfig,
     StaticKeyAuth,
     jwt_claims,
+    jwt_expiry,
 )
 from tinker_sync._fork import make_lock
 from tinker_sync._redact import register_secret
@@ -91,19 +92,19 @@ class TokenExchange:
 
 
 def _lifetime(token: str) -> float | None:
+    """``exp - iat`` of a JWT (None when either is unreadable or the lifetime is not positive)."""
     try:
-        claims = jwt_claims(token)
-        lifetime = float(claims["exp"]) - float(claims["iat"])
+        lifetime = jwt_expiry(token) - float(jwt_claims(token)["iat"])
     except (ValueError, KeyError, TypeError):
         return None
     return lifetime if lifetime > 0 else None
 
 
 def _expiry(token: str) -> float | None:
+    """``exp`` of a JWT as :func:`~tinker_sync._config.jwt_expiry` reads it, or None."""
     try:
-        exp = jwt_claims(token).get("exp")
-        return float(exp) if exp is not None and not isinstance(exp, bool) else None
-    except (ValueError, TypeError):
+        return jwt_expiry(token)
+    except ValueError:
         return None
 
 

@@ -310,11 +310,21 @@ def jwt_claims(token: str) -> dict[str, Any]:
 
 
 def jwt_expiry(token: str) -> float:
-    """The ``exp`` claim (epoch seconds) of a JWT; ValueError when missing or malformed."""
+    """The ``exp`` claim (epoch seconds) of a JWT: the one expiry parser of the SDK.
+
+    Read as the official client reads it, ``float(exp)``: a JSON number or a numeric string.
+    Raises ValueError (secret-free) when the claim is missing, a boolean, NaN or not numeric.
+    """
     exp = jwt_claims(token).get("exp")
-    if isinstance(exp, bool) or not isinstance(exp, (int, float)):
+    if isinstance(exp, bool) or not isinstance(exp, (int, float, str)):
         raise ValueError("JWT has no numeric exp claim")
-    return float(exp)
+    try:
+        value = float(exp)
+    except ValueError:
+        raise ValueError("JWT has no numeric exp claim") from None
+    if math.isnan(value):
+        raise ValueError("JWT has no numeric exp claim")
+    return value
 
 
 def _is_jwt(value: str) -> bool:
