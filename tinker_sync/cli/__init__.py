@@ -9,6 +9,7 @@ Usage::
     tinker-sync model list qwen
     tinker-sync serve --backend tiny --port 8000
     tinker-sync demo
+    tinker-sync exec -- python train.py      # `import tinker` gives tinker_sync (child processes too)
 
 Global options (before or after the command): ``-f/--format table|json``, ``--json``,
 ``--base-url URL``, ``--api-key KEY`` (else ``TINKER_BASE_URL`` / ``TINKER_API_KEY``),
@@ -127,6 +128,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(subparsers, _add_leaf_options)
     _register_serve(subparsers)
+    subparsers.add_parser(
+        "exec",
+        help="run a command with `import tinker` resolved to tinker_sync",
+        add_help=False,
+    )
     _register_demo(subparsers, full="demo" in argv)
     return parser
 
@@ -137,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tinker_sync.cli._output import Output, describe_error
 
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["exec"]:  # the child command's own flags are not ours to parse
+        from tinker_sync.cli._exec import run
+
+        return run(args_list[1:])
     parser = build_parser(args_list)
     try:
         args = parser.parse_args(args_list)
