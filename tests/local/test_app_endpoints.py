@@ -480,6 +480,69 @@ def test_save_weights_external_signed_urls(h: Harness, model: tuple[str, str]) -
     )
 
 
+def test_save_weights_external_encrypts_to_age_recipients(
+    h: Harness, model: tuple[str, str]
+) -> None:
+    """Each file is stored as <name>.age, encrypted to every recipient (the cookbook's
+    weights.download path); the plain export's bytes come back after decryption."""
+    pyrage = pytest.importorskip("pyrage")
+    _, mid = model
+    alice, bob = pyrage.x25519.Identity.generate(), pyrage.x25519.Identity.generate()
+    plain = h.result_json(
+        h.post(
+            "save_weights_external",
+            {"model_id": mid, "seq_id": 1, "path": "plain", "type": "save_weights_external"},
+        ).json["request_id"]
+    )
+    enc = h.result_json(
+        h.post(
+            "save_weights_external",
+            {
+                "model_id": mid,
+                "seq_id": 2,
+                "path": "enc",
+                "age_encryption_recipients": [str(alice.to_public()), str(bob.to_public())],
+                "type": "save_weights_external",
+            },
+        ).json["request_id"]
+    )
+    assert enc["path"] == f"tinker://{mid}/external_weights/enc"
+
+    def fetch(name: str) -> dict[str, bytes]:
+        urls = h.ok(
+            "GET", f"training_runs/{mid}/checkpoints/external_weights/{name}/external_weights_urls"
+        )["urls"]
+        return {rel: h.s.get(url, timeout=10).content for rel, url in urls.items()}
+
+    plain_files, enc_files = fetch("plain"), fetch("enc")
+    assert sorted(enc_files) == sorted(f"{rel}.age" for rel in plain_files)
+    for rel, data in plain_files.items():
+        assert enc_files[f"{rel}.age"] != data
+        for identity in (alice, bob):
+            assert pyrage.decrypt(enc_files[f"{rel}.age"], [identity]) == data
+    assert enc["size_bytes"] == sum(len(v) for v in enc_files.values())
+    assert plain["size_bytes"] == sum(len(v) for v in plain_files.values())
+
+
+def test_save_weights_external_rejects_a_bad_recipient_before_queueing(
+    h: Harness, model: tuple[str, str]
+) -> None:
+    pytest.importorskip("pyrage")
+    _, mid = model
+    r = h.post(
+        "save_weights_external",
+        {
+            "model_id": mid,
+            "seq_id": 1,
+            "path": "bad",
+            "age_encryption_recipients": ["age1notakey"],
+            "type": "save_weights_external",
+        },
+    )
+    assert r.status == 400
+    assert "age_encryption_recipients[0]" in r.json["detail"]
+
+
 def test_legacy_archive_redirect(h: Harness, model: tuple[str, str]) -> None:
     _, mid = model
     h.save(mid, 1, "arch")

@@ -225,6 +225,67 @@ def test_fresh_adapters_leave_the_base_model_unchanged() -> None:
 # losses: values follow Appendix A, computed here from the returned logprobs
 
 
+def gspo_ratio(lp: np.ndarray, inp: dict) -> float:
+    """The official GSPO sequence ratio: the geometric mean of the token ratios over M."""
+    seq_mask = inp.get("sequence_ratio_mask")
+    w = inp.get("weights")
+    if seq_mask is not None:
+        in_ratio = seq_mask != 0
+    else:
+        in_ratio = np.ones(lp.shape, bool) if w is None else w != 0
+    diff = lp.astype(np.float64) - inp["logprobs"].astype(np.float64)
+    return float(np.exp(np.mean(diff[in_ratio])))
+
+
+def frozen_weights(loss_fn: str, lp: np.ndarray, inp: dict) -> np.ndarray:
+    """Per-token weights whose cross-entropy gradient is the stop-gradient loss's gradient."""
+    lp = lp.astype(np.float64)
+    adv = inp["advantages"].astype(np.float64)
+    mask = (inp["weights"] != 0).astype(np.float64)
+    if loss_fn == "gspo":
+        s_val = gspo_ratio(lp, inp)
+        keep = s_val * adv <= np.clip(s_val, 0.8, 1.2) * adv
+        return s_val * adv * mask * keep
+    ratio = np.exp(lp - inp["logprobs"].astype(np.float64))
+    return np.minimum(ratio, 2.0) * adv * mask
+
+
+@pytest.mark.parametrize("loss_fn", ["gspo", "stable_reinforce"])
+@pytest.mark.parametrize("ratio_mask", [False, True])
+def test_stop_gradient_losses_back_propagate_their_documented_surrogate(
+    loss_fn: str, ratio_mask: bool
+) -> None:
+    """gspo (GSPO-token: the sequence ratio's value, each token's own gradient) and
+    stable_reinforce (capped stop-gradient importance weight) back-propagate exactly a
+    weighted cross-entropy with weights frozen at the forward values."""
+    model = small_model()
+    data = rl_batch(21)
+    with_sampler_logprobs(model, data, seed=22)
+    if ratio_mask:
+        for i, d in enumerate(data):
+            d.inputs["sequence_ratio_mask"] = (np.arange(len(d.tokens)) % (i + 2) == 0).astype(
+                np.float32
+            )
+    grads = accumulate(model, data, loss_fn, {})
+    fwd = model.forward_backward(data, loss_fn, {}, backward=False)
+    ce = [
+        DatumArrays(
+            d.tokens,
+            {
+                "target_tokens": d.inputs["target_tokens"],
+                "weights": frozen_weights(loss_fn, np.asarray(out["logprobs"]), d.inputs),
+            },
+        )
+        for d, out in zip(data, fwd.outputs)
+    ]
+    assert fd_check(model, lambda: loss_value(model, ce, "cross_entropy", {}), grads) < 1e-4
+    expected = sum(
+        reference_loss(loss_fn, out["logprobs"], d.inputs, {}) for d, out in zip(data, fwd.outputs)
+    )
+    # the outputs are float32 and lp enters these losses linearly: float32 rounding shows
+    assert math.isclose(fwd.metrics["loss:sum"], expected, rel_tol=1e-5)
+
+
 def reference_loss(loss_fn: str, lp: np.ndarray, inp: dict, config: dict) -> float:
     lp = lp.astype(np.float64)
     w = inp.get("weights")
@@ -245,12 +306,19 @@ def reference_loss(loss_fn: str, lp: np.ndarray, inp: dict, config: dict) -> flo
     elif loss_fn == "dro":
         beta = config.get("beta", 0.05)
         per = -(lp * adv - beta / 2 * (lp - q) ** 2)
+    elif loss_fn == "gspo":
+        per = -np.minimum(gspo_ratio(lp, inp) * adv, np.clip(gspo_ratio(lp, inp), lo, hi) * adv)
+    elif loss_fn == "stable_reinforce":
+        per = -np.minimum(r, 2.0) * lp * adv
     else:
         raise AssertionError(loss_fn)
     return float(np.sum(per * mask))
 
 
-@pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"])
+@pytest.mark.parametrize(
+    "loss_fn",
+    ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo", "stable_reinforce"],
+)
 def test_loss_values_follow_appendix_a(loss_fn: str) -> None:
     model = small_model()
     data = rl_batch(11)
@@ -288,8 +356,6 @@ def test_per_token_clip_thresholds_override_config() -> None:
 @pytest.mark.parametrize(
     ("loss_fn", "message"),
     [
-        ("gspo", "not supported"),
-        ("stable_reinforce", "not supported"),
         ("custom", "forward_backward_custom"),
         ("nonsense", "unknown loss_fn"),
     ],

@@ -42,6 +42,7 @@ import numpy.typing as npt
 
 from tinker_sync._redact import register_secret, scrub
 from tinker_sync.local import _wirecodec as codec
+from tinker_sync.local._age import age_recipients, encrypt_files
 from tinker_sync.local._body import (
     Body,
     HttpError,
@@ -1381,25 +1382,20 @@ class TinkerApp:
         if dup is not None:
             return self._future_reply(dup)
 
-        def validate() -> tuple[str, int | None]:
-            recipients = b.opt_str_list("age_encryption_recipients")
-            if recipients:
-                raise HttpError(
-                    400,
-                    "age_encryption_recipients: encryption is not supported by the local server",
-                )
-            return checkpoint_name(b.str_("path")), b.opt_int("ttl_seconds")
+        def validate() -> tuple[str, int | None, list[Any]]:
+            recipients = age_recipients(b.opt_str_list("age_encryption_recipients"))
+            return checkpoint_name(b.str_("path")), b.opt_int("ttl_seconds"), recipients
 
-        name, ttl = self._validated(m, seq_id, validate)
+        name, ttl, recipients = self._validated(m, seq_id, validate)
         rec = self._futures.create("SaveWeightsExternal", owner=m.model_id, seq_id=seq_id)
         ckpt_id = f"external_weights/{name}"
 
         def run() -> dict[str, Any]:
             assert m.model is not None
-            files = {
-                f"{CheckpointFiles.FILES}/{rel}": data
-                for rel, data in m.model.export_files().items()
-            }
+            exported = m.model.export_files()
+            if recipients:
+                exported = encrypt_files(exported, recipients)
+            files = {f"{CheckpointFiles.FILES}/{rel}": data for rel, data in exported.items()}
             size = self._files.write(m.model_id, ckpt_id, files)
             now = self._now()
             row = CheckpointRow(

@@ -171,11 +171,12 @@ def token_mask(loss_fn: str, inp: LossInputs) -> F64:
     weights = inp.get("weights")
     if loss_fn == "cross_entropy":
         return weights if weights is not None else np.ones(inp.targets.shape)
-    mask = np.ones(inp.targets.shape) if weights is None else (weights != 0).astype(np.float64)
-    seq_mask = inp.get("sequence_ratio_mask")
-    if loss_fn == "gspo" and seq_mask is not None:
-        mask = mask * (seq_mask != 0)
-    return mask
+    return np.ones(inp.targets.shape) if weights is None else (weights != 0).astype(np.float64)
+
+
+#: stable_reinforce: the cap on its stop-gradient importance weight (an assumption, see
+#: ``token_loss``).
+STABLE_REINFORCE_CAP = 2.0
 
 
 def token_loss(
@@ -194,8 +195,18 @@ def token_loss(
         return loss, -(adv - beta * diff) * m
     with np.errstate(over="ignore", invalid="ignore"):
         ratio = np.exp(lp - q)
-    if loss_fn in ("importance_sampling", "stable_reinforce"):
+    if loss_fn == "importance_sampling":
         return -ratio * adv * m, -ratio * adv * m
+    if loss_fn == "stable_reinforce":
+        # The official documentation describes stable_reinforce only as a REINFORCE variant
+        # that stays stable off-policy using information recorded at sampling time; it does not
+        # publish the formula. Assumed here: REINFORCE weighted by the importance ratio against
+        # the sampler's logprobs, capped and without gradient through the weight (truncated
+        # importance sampling): -stopgrad(min(r, 2)) * A * lp. Provenance spans are accepted
+        # but not looked up: the datum's own `logprobs` input is the sampler's.
+        capped = np.nan_to_num(ratio, nan=0.0, posinf=STABLE_REINFORCE_CAP)
+        weight = np.minimum(capped, STABLE_REINFORCE_CAP)
+        return -weight * lp * adv * m, -weight * adv * m
     lo, hi = _clip_bounds(inp, config)
     if loss_fn == "cispo":
         clipped = np.clip(ratio, lo, hi)
@@ -207,12 +218,18 @@ def token_loss(
         loss = -np.minimum(unclipped, clipped_obj) * m
         return loss, np.where(use_unclipped, -unclipped, 0.0) * m
     if loss_fn == "gspo":
-        count = max(float(m.sum()), 1.0)
-        seq_ratio = float(np.exp(np.sum((lp - q) * m) / count))
-        lo_s, hi_s = float(np.mean(lo)), float(np.mean(hi))
-        unclipped = seq_ratio * adv
-        clipped_obj = min(max(seq_ratio, lo_s), hi_s) * adv
+        # GSPO-token, as the official documentation defines it: the sequence ratio s is the
+        # geometric mean of the token ratios over the positions sequence_ratio_mask marks
+        # (assumed: every unmasked position when the input is absent); each token carries
+        # s's value with the gradient of its own logprob (d s_t / d lp_t = s), then PPO-style
+        # clipping per token.
+        seq_mask = inp.get("sequence_ratio_mask")
+        in_ratio = (seq_mask != 0) if seq_mask is not None else (m != 0)
+        log_ratio = float(np.mean((lp - q)[in_ratio])) if bool(in_ratio.any()) else 0.0
+        s_val = math.exp(log_ratio)
+        unclipped = s_val * adv
+        clipped_obj = np.clip(s_val, lo, hi) * adv
         loss = -np.minimum(unclipped, clipped_obj) * m
-        grad = np.where(unclipped <= clipped_obj, -unclipped, 0.0) * m / count
+        grad = np.where(unclipped <= clipped_obj, -unclipped, 0.0) * m
         return loss, grad
     raise UserError(f"loss_fn {loss_fn!r} is not supported by this local backend")

@@ -65,7 +65,15 @@ from tinker_sync.local.backends.tiny.sampling import TinySampler
 
 __all__ = ["TINY_LOSSES", "TinyBackend", "TinyModel"]
 
-TINY_LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro")
+TINY_LOSSES = (
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+    "gspo",
+    "stable_reinforce",
+)
 _FORMAT = "tinker-sync/tiny-lora-v1"
 #: Micro-batch limits for one forward/backward pass (tokens, attention-matrix cells).
 _MAX_BATCH_TOKENS = 8192
