@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tinker_sync._chunkgroup import ChunkGroup
 from tinker_sync._futures import APIFuture
 from tinker_sync._transport import current_sdk_method
 from tinker_sync.types import Datum, ForwardBackwardOutput, TensorData
@@ -75,7 +76,6 @@ def submit_custom_loss(
     """Validate, reserve 2C seq_ids and queue the two-pass job; returns the op's future."""
     from tinker_sync._wire._chunking import chunk_ranges, estimate_datum_bytes
     from tinker_sync._wire._proto import encode_forward_backward_request
-    from tinker_sync.training_client import _ChunkGroup
 
     torch = _require_torch()
     client._check_usable()
@@ -113,7 +113,7 @@ def submit_custom_loss(
             from tinker_sync._wire._metrics import combine_forward_backward_outputs
 
             fwd_fut: APIFuture[ForwardBackwardOutput] = APIFuture(cancellable=False)
-            group = _ChunkGroup(fwd_fut, n, combine_forward_backward_outputs, "forward (custom)")
+            group = ChunkGroup(fwd_fut, n, combine_forward_backward_outputs, "forward (custom)")
             client._send_chunks(fwd_ids, fwd_bodies, estimates, "Forward", group, sdk_method)
             forward = fwd_fut.result()
             logprobs = [
@@ -159,7 +159,7 @@ def submit_custom_loss(
         target: APIFuture[ForwardBackwardOutput] = (
             fut if error is None else APIFuture(cancellable=False)
         )
-        bwd_group = _ChunkGroup(target, n, combine, "backward (custom)")
+        bwd_group = ChunkGroup(target, n, combine, "backward (custom)")
         client._send_chunks(
             bwd_ids, bwd_bodies, estimates, "ForwardBackward", bwd_group, sdk_method
         )

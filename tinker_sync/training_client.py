@@ -27,6 +27,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from tinker_sync import _pending
+from tinker_sync._chunkgroup import ChunkGroup
 from tinker_sync._executor import pool
 from tinker_sync._futures import APIFuture
 from tinker_sync._polldecide import Decision
@@ -39,6 +40,7 @@ from tinker_sync._transport import Pool, RequestSpec, current_sdk_method, sdk_me
 # Imported here, not lazily on worker threads (a fork during a first import on another
 # thread would leave the module's import lock held in the child).
 from tinker_sync._wire._converter import from_json, to_json
+from tinker_sync._wire._pbwire import uvarint
 from tinker_sync.types import (
     AdamParams,
     Datum,
@@ -87,87 +89,17 @@ class LossHandle:
         return f"<LossHandle {getattr(self.fn, '__name__', self.fn)!r}>"
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _with_seq_id(body: bytes, seq_id: int) -> bytes:
     """Append field 2 (``seq_id``) to a ForwardBackwardRequest encoded without it.
 
     Protobuf parsers accept fields in any order, so the request can be encoded (and validated)
     before the seq_id is reserved (B2) and patched at send time without re-encoding.
     """
-    return body + b"\x10" + _uvarint(seq_id)
+    return body + b"\x10" + uvarint(seq_id)
 
 
 def _request_id(reply_json: Any) -> UntypedAPIFuture:
     return from_json(UntypedAPIFuture, reply_json)
-
-
-class _ChunkGroup:
-    """Settles one operation's future from its chunks' outcomes (B5, B28).
-
-    Completion happens in done-callbacks plus a countdown; no worker ever blocks on a sibling.
-    """
-
-    def __init__(
-        self, future: APIFuture[Any], n: int, combine: Callable[[list[Any]], Any], what: str
-    ) -> None:
-        self.future = future
-        self.n = n
-        self.combine = combine
-        self.what = what
-        self.values: list[Any] = [None] * n
-        self.errors: list[BaseException | None] = [None] * n
-        self._pending = 0
-        self._lock = threading.Lock()
-        self._send_failed = False
-
-    def expect(self, count: int) -> None:
-        with self._lock:
-            self._pending = count
-
-    def send_failed(
-        self, index: int, exc: BaseException, accepted: list[int], seq_ids: list[int]
-    ) -> None:
-        note = (
-            f"{self.what}: chunk {index + 1}/{self.n} (seq_id {seq_ids[index]}) failed to send; "
-            f"chunks accepted by the server: {[i + 1 for i in accepted] or 'none'}"
-            + (" (their work may have been applied)" if accepted else "")
-        )
-        if hasattr(exc, "add_note"):
-            exc.add_note(note)
-        exc.accepted_chunks = [i + 1 for i in accepted]  # type: ignore[attr-defined]
-        with self._lock:
-            self._send_failed = True
-        self.future._fail(exc)
-
-    def chunk_done(self, index: int, value: Any, error: BaseException | None) -> None:
-        with self._lock:
-            self.values[index] = value
-            self.errors[index] = error
-            self._pending -= 1
-            finished = self._pending == 0 and not self._send_failed
-        if not finished:
-            return
-        first_error = next((e for e in self.errors if e is not None), None)
-        if first_error is not None:
-            self.future._fail(first_error)
-            return
-        try:
-            result = self.combine(self.values)
-        except Exception as exc:
-            self.future._fail(exc)
-            return
-        self.future._resolve(result)
 
 
 class TrainingClient:
@@ -403,7 +335,7 @@ class TrainingClient:
         fut._owner = self._session  # type: ignore[attr-defined]
         from tinker_sync._wire._metrics import combine_forward_backward_outputs
 
-        group = _ChunkGroup(
+        group = ChunkGroup(
             fut,
             len(bodies),
             combine_forward_backward_outputs,
@@ -440,7 +372,7 @@ class TrainingClient:
         bodies: list[bytes],
         estimates: list[int],
         kind: str,
-        group: _ChunkGroup,
+        group: ChunkGroup,
         sdk_method: str | None,
     ) -> None:
         """Runs in the op's turn: send every chunk, then hand the ids to the poll pool."""
