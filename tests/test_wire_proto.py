@@ -1134,3 +1134,24 @@ def test_bf16_signalling_nan_is_quieted_like_the_official_cast() -> None:
         "0xffc10000",
         "0x7f800000",
     ]
+
+
+def test_each_decoded_datum_array_is_its_own_allocation() -> None:
+    """As in the official SDK, no datum's array is a view into a buffer shared with another
+    datum: reductions over a view at an odd offset take another SIMD path and differ in the
+    last bit (the cookbook's train_mean_nll differed from the official client's that way)."""
+    outputs = [{"logprobs": np.linspace(-3, -1, n).astype(np.float32)} for n in (5, 7, 3)]
+    body = server_codec.encode_forward_backward_output("ArrayRecord", outputs, {})
+    decoded = _proto.decode_forward_backward_output(body)
+    arrays = [d["logprobs"].to_numpy() for d in decoded.loss_fn_outputs]
+
+    def root(arr: np.ndarray) -> object:
+        while isinstance(arr.base, np.ndarray):
+            arr = arr.base
+        return arr.base if arr.base is not None else arr
+
+    roots = [id(root(arr)) for arr in arrays]
+    assert len(set(roots)) == len(arrays)
+    for arr in arrays:
+        assert arr.ctypes.data % 16 == 0  # numpy's own allocation, not an offset into another
+    assert [a.tolist() for a in arrays] == [o["logprobs"].tolist() for o in outputs]

@@ -11,8 +11,8 @@ Usage::
 The bytes are written and read by a small hand-written protobuf codec (primitives in
 ``_pbwire``) working directly on numpy buffers: a request body is one ``bytes.join`` over
 little-endian array views (each array is copied once, into the body), and a result's arrays are
-cut out of the reply with ``numpy.frombuffer`` (one copy per batched field; each datum's array
-is a view of it). The field numbers are those of ``tinker_public.proto`` (checked in next to
+cut out of the reply with ``numpy.frombuffer`` (one copy per datum's array, each its own
+allocation, as in the official SDK). The field numbers are those of ``tinker_public.proto`` (checked in next to
 this module, together with its generated module, which the codec itself does not need); the
 tests parse every encoding with that descriptor and with the official SDK's one. The local
 server's side of the same messages lives in ``tinker_sync.local._protocodec``; the JSON forms of
@@ -330,7 +330,7 @@ def _decode_batched(
     if wire_dtype is None:
         raise ValueError(f"field {name!r}: unsupported proto dtype {code}")
     np_dtype, public = wire_dtype
-    values = widen(array_at(buf, data, np_dtype, f"field {name!r} data", True), code)
+    values = widen(array_at(buf, data, np_dtype, f"field {name!r} data", False), code)
     bounds = array_at(buf, offsets, LE_I8, f"field {name!r} offsets", False).tolist()
     itemsize = np_dtype.itemsize
     total = data[1] - data[0]
@@ -342,7 +342,10 @@ def _decode_batched(
         if not 0 <= lo <= hi <= total or lo < previous or lo % itemsize or hi % itemsize:
             raise ValueError(f"field {name!r}: bad byte offsets {lo}..{hi} for {total} bytes")
         previous = hi
-        per_datum.append(values[lo // itemsize : hi // itemsize])
+        # Each datum gets its own allocation, as in the official SDK: a view at an arbitrary
+        # offset of one shared buffer can take another SIMD path in numpy/torch reductions,
+        # and then sums over it differ in the last bit from the official client's.
+        per_datum.append(values[lo // itemsize : hi // itemsize].copy())
     return per_datum, public, trailing
 
 
@@ -354,8 +357,7 @@ def decode_forward_backward_output(payload: Buffer) -> ForwardBackwardOutput:
     The output type is the text after the last ``:`` (the raw string, or ``"ArrayRecord"`` when
     empty, if there are no records). Each ``BatchedTensor`` is sliced per datum by its int64
     byte offsets and shaped ``[n / prod(trailing), *trailing]``; records are concatenated; bf16
-    becomes float32 and int32 becomes int64. The arrays are read-only views of ``payload``
-    where alignment allows.
+    becomes float32 and int32 becomes int64. Each datum's array is its own writable copy.
 
     :raises ValueError: malformed protobuf, an unsupported dtype, bad offsets or shapes.
     """
