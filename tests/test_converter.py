@@ -391,10 +391,15 @@ def test_tensor_data_json():
     assert floats.data_np.dtype == np.float32 and floats.data == [1.0, 2.5]
 
 
-def test_numpy_token_pass_through_is_zero_copy():
+def test_numpy_token_pass_through_is_zero_copy_only_for_read_only_arrays():
     arr = np.arange(5, dtype=np.int32)
+    arr.flags.writeable = False
     chunk = from_json(T.EncodedTextChunk, {"tokens": arr, "type": "encoded_text"})
     assert chunk.tokens is arr
+    writable = np.arange(5, dtype=np.int32)
+    copied = from_json(T.EncodedTextChunk, {"tokens": writable, "type": "encoded_text"})
+    writable[0] = 7
+    assert copied.tokens[0] == 0
 
 
 def test_forward_backward_output_json():

@@ -5,6 +5,7 @@ import datetime as dt
 import pickle
 import subprocess
 import sys
+from typing import Any
 
 import attrs
 import numpy as np
@@ -189,14 +190,18 @@ def test_model_input_helpers():
     assert empty.chunks == [] and empty.length == 0 and empty.to_ints() == []
 
 
-def test_model_input_from_numpy_is_zero_copy():
+def test_model_input_from_numpy_copies_writable_arrays_and_keeps_read_only_ones():
     arr = np.arange(10, dtype=np.int32)
     mi = T.ModelInput.from_ints(arr)
     chunk = mi.chunks[0]
     assert isinstance(chunk, T.EncodedTextChunk)
-    assert chunk.tokens is arr
-    assert np.shares_memory(chunk.tokens_np, arr)
+    arr[0] = 99  # the caller reuses its buffer: the chunk keeps what it was given
+    assert chunk.tokens[0] == 0 and chunk.tokens_np[0] == 0
     assert chunk.tokens_np.dtype == np.int32
+    frozen = np.arange(4, dtype=np.int64)
+    frozen.flags.writeable = False
+    kept = T.EncodedTextChunk(tokens=frozen)
+    assert kept.tokens is frozen  # nobody can change a read-only array: no copy needed
     assert mi.to_ints() == list(range(10))
     assert mi.length == 10
     assert T.ModelInput.from_ints(range(3)).to_ints() == [0, 1, 2]
@@ -1031,3 +1036,209 @@ def test_pickle_and_copy_of_results():
     req = T.OptimStepRequest(model_id="m", adam_params=T.AdamParams())
     assert pickle.loads(pickle.dumps(req)) == req
     assert req.model_copy(update={"seq_id": 3}).seq_id == 3
+
+
+# -- constructors copy the caller's containers; the official dataclass types are dataclasses ----
+
+_DATACLASS_TYPES = [
+    "Datum",
+    "ForwardBackwardInput",
+    "ForwardBackwardOutput",
+    "ForwardBackwardRequest",
+    "ForwardRequest",
+    "PromptAltTokens",
+    "PromptProvenanceSpan",
+    "SampleResponse",
+    "SampledProvenanceSpan",
+    "SampledSequence",
+    "TensorData",
+]
+
+
+@pytest.mark.parametrize("name", _DATACLASS_TYPES)
+def test_official_dataclass_types_are_frozen_stdlib_dataclasses(name: str) -> None:
+    import dataclasses
+
+    cls = getattr(T, name)
+    assert dataclasses.is_dataclass(cls)
+    assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def _tokens_list() -> list[int]:
+    return [5, 6, 7]
+
+
+def _span_list() -> list[Any]:
+    return [T.PromptProvenanceSpan(sequence_id="s", length=3)]
+
+
+def _datum(tokens: list[int] | None = None) -> Any:
+    return T.Datum(
+        model_input=T.ModelInput.from_ints(tokens or [1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4]},
+    )
+
+
+# (build(container) -> object, read(object) -> what must not change); each builder gets a fresh
+# container, the test clears it afterwards, and the object must be unchanged.
+_COPY_CASES: dict[str, tuple[Any, Any, Any]] = {
+    "ModelInput.from_ints": (_tokens_list, T.ModelInput.from_ints, lambda o: o.to_ints()),
+    "EncodedTextChunk.tokens": (
+        _tokens_list,
+        lambda c: T.EncodedTextChunk(tokens=c),
+        lambda o: list(o.tokens),
+    ),
+    "ModelInput.chunks": (
+        lambda: [T.EncodedTextChunk(tokens=[1])],
+        lambda c: T.ModelInput(chunks=c),
+        lambda o: o.to_ints(),
+    ),
+    "Datum.loss_fn_inputs": (
+        lambda: {"target_tokens": [2, 3, 4]},
+        lambda c: T.Datum(model_input=T.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs=c),
+        lambda o: sorted(o.loss_fn_inputs),
+    ),
+    "Datum.spans": (
+        _span_list,
+        lambda c: T.Datum(
+            model_input=T.ModelInput.from_ints([1, 2, 3]),
+            model_input_spans=c,
+            loss_fn_input_spans=list(c),
+        ),
+        lambda o: len(o.model_input_spans),
+    ),
+    "ForwardBackwardInput.data": (
+        lambda: [_datum()],
+        lambda c: T.ForwardBackwardInput(data=c, loss_fn="cross_entropy"),
+        lambda o: len(o.data),
+    ),
+    "ForwardBackwardInput.loss_fn_config": (
+        lambda: {"clip": 0.2},
+        lambda c: T.ForwardBackwardInput(data=[], loss_fn="ppo", loss_fn_config=c),
+        lambda o: dict(o.loss_fn_config),
+    ),
+    "ForwardBackwardOutput.loss_fn_outputs": (
+        lambda: [{"logprobs": T.TensorData(data=[0.5], dtype="float32")}],
+        lambda c: T.ForwardBackwardOutput(loss_fn_output_type="x", loss_fn_outputs=c),
+        lambda o: len(o.loss_fn_outputs),
+    ),
+    "ForwardBackwardOutput.metrics": (
+        lambda: {"loss:sum": 1.0},
+        lambda c: T.ForwardBackwardOutput(loss_fn_output_type="x", loss_fn_outputs=[], metrics=c),
+        lambda o: dict(o.metrics),
+    ),
+    "SampleResponse.sequences": (
+        lambda: [T.SampledSequence(stop_reason="stop", tokens=[1])],
+        lambda c: T.SampleResponse(sequences=c),
+        lambda o: len(o.sequences),
+    ),
+    "SampledSequence.tokens": (
+        _tokens_list,
+        lambda c: T.SampledSequence(stop_reason="stop", tokens=c),
+        lambda o: o.tokens,
+    ),
+    "TensorData.data+shape": (
+        lambda: [1, 2, 3],
+        lambda c: T.TensorData(data=c, dtype="int64", shape=[3]),
+        lambda o: (o.data, o.shape),
+    ),
+    "SamplingParams.stop": (
+        lambda: ["\n"],
+        lambda c: T.SamplingParams(stop=c),
+        lambda o: o.stop,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_COPY_CASES))
+def test_constructors_copy_the_callers_containers(case: str) -> None:
+    make, build, read = _COPY_CASES[case]
+    container = make()
+    obj = build(container)
+    before = read(obj)
+    container.clear()
+    assert read(obj) == before
+
+
+def test_cookbook_pattern_build_from_list_then_clear_keeps_the_datum() -> None:
+    # tinker-cookbook builds a ModelInput from its token buffer, then clears the buffer.
+    buffer = [1, 2, 3, 4]
+    mi = T.ModelInput.from_ints(buffer)
+    chunk = T.EncodedTextChunk(tokens=buffer)
+    buffer.clear()
+    assert mi.length == 4 and mi.to_ints() == [1, 2, 3, 4]
+    assert list(chunk.tokens) == [1, 2, 3, 4]
+
+
+def test_dataclasses_replace_and_fields_work() -> None:
+    import dataclasses
+
+    span = T.PromptProvenanceSpan(sequence_id="s", offset=1, length=4)
+    shorter = dataclasses.replace(span, offset=2, length=3)
+    assert (shorter.offset, shorter.length, shorter.sequence_id) == (2, 3, "s")
+    with pytest.raises(ValueError, match="length"):
+        dataclasses.replace(span, length=-1)  # replace runs the same checks
+    datum = _datum()
+    weighted = dataclasses.replace(datum, loss_fn_inputs={"weights": [1.0, 0.0, 1.0]})
+    assert weighted.model_input is datum.model_input
+    assert weighted.loss_fn_inputs["weights"].dtype == "float32"
+    assert [f.name for f in dataclasses.fields(T.Datum)] == [
+        "model_input",
+        "loss_fn_inputs",
+        "model_input_spans",
+        "loss_fn_input_spans",
+    ]
+    td = T.TensorData.from_numpy(np.arange(6, dtype=np.int64).reshape(2, 3))
+    assert [f.name for f in dataclasses.fields(td) if not f.name.startswith("_")] == [
+        "dtype",
+        "shape",
+        "sparse_crow_indices",
+        "sparse_col_indices",
+    ]
+    flat = dataclasses.replace(td, shape=[6])
+    assert flat.to_numpy().tolist() == [0, 1, 2, 3, 4, 5]
+    seq = T.SampledSequence(stop_reason="stop", sequence_id="a", tokens=[1, 2])
+    assert dataclasses.replace(seq, sequence_id="b").tokens == [1, 2]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        datum.model_input = datum.model_input  # type: ignore[misc]
+
+
+def test_official_positional_construction_of_dataclass_types() -> None:
+    datum = T.Datum(T.ModelInput.from_ints([1]), {"target_tokens": [1]})
+    fbi = T.ForwardBackwardInput([datum], "cross_entropy")
+    req = T.ForwardBackwardRequest(fbi, "model-1", 3)
+    assert req.forward_backward_input is fbi and req.seq_id == 3
+    alt = T.PromptAltTokens(
+        T.TensorData(data=[1], dtype="int64"), T.TensorData(data=[0.5], dtype="float32")
+    )
+    assert alt == T.PromptAltTokens(
+        T.TensorData(data=[1], dtype="int64"), T.TensorData(data=[0.5], dtype="float32")
+    )
+    seq = T.SampledSequence("length", "seq-1", np.array([4, 5], dtype=np.int32))
+    assert seq.tokens == [4, 5] and seq.stop_reason == "length"
+    resp = T.SampleResponse([seq], None, None, None, 7)
+    assert resp.prompt_cache_hit_tokens == 7
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pytest.param(lambda: _datum(), id="Datum"),
+        pytest.param(lambda: T.PromptProvenanceSpan(sequence_id="s", length=1), id="span"),
+        pytest.param(
+            lambda: T.SampleResponse(
+                sequences=[T.SampledSequence(stop_reason="stop", tokens=[1], logprobs=[-0.5])],
+                prompt_logprobs=[None, -1.0],
+            ),
+            id="SampleResponse",
+        ),
+        pytest.param(lambda: T.ForwardBackwardInput(data=[_datum()], loss_fn="ppo"), id="fbi"),
+    ],
+)
+def test_dataclass_types_pickle_round_trip(obj: Any) -> None:
+    import pickle
+
+    value = obj()
+    again = pickle.loads(pickle.dumps(value))
+    assert type(again) is type(value)
+    assert again.model_dump(mode="json") == value.model_dump(mode="json")

@@ -28,6 +28,7 @@ safe to call from any thread. Fork safety: no process-local state.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +42,14 @@ from cattrs.gen import make_dict_structure_fn
 
 from tinker_sync import types as T
 from tinker_sync.exceptions import RequestErrorCategory
-from tinker_sync.types._base import TinkerModel, _check_bytes, dump, parse_datetime, to_utc
+from tinker_sync.types._base import (
+    _check_bytes,
+    dump,
+    is_model_class,
+    parse_datetime,
+    tag_of,
+    to_utc,
+)
 
 __all__ = ["WireValidationError", "converter", "from_json", "to_json"]
 
@@ -332,14 +340,10 @@ def _tagged_union_hook(members: tuple[type, ...]) -> Callable[[Any, Any], Any]:
     tag_field: str | None = None
     by_tag: dict[Any, type] = {}
     for cls in members:
-        for a in attrs.fields(cls):
-            if (
-                a.name in ("type", "state", "event")
-                and typing.get_origin(a.type) is Literal
-                and a.default in typing.get_args(a.type)
-            ):
-                tag_field = a.name
-                by_tag[a.default] = cls
+        tag = tag_of(cls)
+        if tag is not None:
+            tag_field = tag[0]
+            by_tag[tag[1]] = cls
     if tag_field is None or len(by_tag) != len(members):
         names = ", ".join(c.__name__ for c in members)
         raise TypeError(f"union of {names} has no constant tag field")
@@ -367,7 +371,7 @@ def _is_model_union(t: Any) -> bool:
     members = [m for m in _union_members(t) or () if m is not type(None)]
     if len(members) < 2:
         return False
-    return all(isinstance(m, type) and attrs.has(m) and issubclass(m, TinkerModel) for m in members)
+    return all(is_model_class(m) for m in members)
 
 
 def _model_union_hook_factory(t: Any) -> Callable[[Any, Any], Any]:
@@ -430,10 +434,28 @@ _CUSTOM: dict[type, Callable[[Any, Any], Any]] = {
 }
 
 
+def _dataclass_hook(cls: type) -> Callable[[Any, Any], Any]:
+    """Structure hook of a stdlib-dataclass type: its constructor runs the strict checks."""
+    names = frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+    forbid = bool(getattr(cls, "_tinker_request", False))
+    name = cls.__name__
+
+    def hook(value: Any, _: Any) -> Any:
+        obj = _mapping(value, name)
+        extra = set(obj) - names
+        if extra and forbid:
+            raise ValueError(f"{name}: unknown keys {sorted(extra)}")
+        return cls(**{k: v for k, v in obj.items() if k in names})
+
+    return hook
+
+
 def _model_hook_factory(cls: type) -> Callable[[Any, Any], Any]:
     custom = _CUSTOM.get(cls)
     if custom is not None:
         return custom
+    if dataclasses.is_dataclass(cls):
+        return _dataclass_hook(cls)
     inner: Callable[[Any, Any], Any] = make_dict_structure_fn(
         cls,
         converter,
@@ -469,12 +491,9 @@ def _build() -> cattrs.Converter:
     c.register_structure_hook(T.TensorData, _s_tensor_data)
     c.register_structure_hook_factory(_is_literal, _literal_hook_factory)
     c.register_structure_hook_factory(_is_model_union, _model_union_hook_factory)
-    c.register_structure_hook_factory(
-        lambda t: isinstance(t, type) and attrs.has(t) and issubclass(t, TinkerModel),
-        _model_hook_factory,
-    )
+    c.register_structure_hook_factory(is_model_class, _model_hook_factory)
     c.register_unstructure_hook_func(
-        lambda t: isinstance(t, type) and issubclass(t, TinkerModel),
+        lambda t: isinstance(t, type) and is_model_class(t),
         lambda obj: dump(obj, True, True, True),
     )
     return c

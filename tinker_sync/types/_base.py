@@ -13,6 +13,7 @@ Thread safety: instances are immutable and safe to share. Fork safety: plain dat
 
 import base64
 import binascii
+import dataclasses
 import datetime as _dt
 import enum
 import json as _json
@@ -25,10 +26,13 @@ import attrs
 import numpy as np
 
 __all__ = [
+    "TinkerDataclass",
     "TinkerModel",
     "TinkerRequest",
     "checked",
     "dump",
+    "is_model_class",
+    "tag_of",
     "to_utc",
 ]
 
@@ -96,6 +100,8 @@ class TinkerModel:
             base = copy.deepcopy(self)
         else:
             base = self
+        if dataclasses.is_dataclass(base):
+            return dataclasses.replace(base, **dict(update or {}))
         if not update:
             return base if deep else attrs.evolve(self)  # type: ignore[misc]
         return attrs.evolve(base, **dict(update))  # type: ignore[misc]
@@ -125,13 +131,96 @@ class TinkerRequest(TinkerModel):
     _tinker_request: ClassVar[bool] = True
 
 
+class TinkerDataclass(TinkerModel):
+    """Base of the types that are frozen stdlib dataclasses (as in the official SDK).
+
+    ``dataclasses.replace`` / ``fields`` / ``is_dataclass`` work on them. Construction runs the
+    same strict checks as the attrs types (derived from each field's annotation, or the
+    ``convert`` function in the field's metadata), then the class's ``_tinker_validate``.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        checks = _DC_CHECKS.get(type(self))
+        if checks is None:
+            checks = _dataclass_checks(type(self))
+        for name, check, path in checks:
+            value = getattr(self, name)
+            new = check(value, path)
+            if new is not value:
+                object.__setattr__(self, name, new)
+        self._tinker_validate()
+
+    def _tinker_validate(self) -> None:
+        """Cross-field checks of a subclass (runs after the field checks)."""
+
+
+_DC_CHECKS: dict[type, tuple[tuple[str, "Check", str], ...]] = {}
+
+
+def _dataclass_checks(cls: type) -> tuple[tuple[str, "Check", str], ...]:
+    out: list[tuple[str, Check, str]] = []
+    for f in dataclasses.fields(cls):
+        if not f.init or f.metadata.get("check") is False:
+            continue
+        convert = f.metadata.get("convert")
+        check: Check
+        if convert is not None:
+            check = _converter_check(convert)
+        else:
+            check = check_for(f.type)
+            if check is _any:
+                continue
+        out.append((f.name, check, f"{cls.__name__}.{f.name}"))
+    checks = tuple(out)
+    _DC_CHECKS[cls] = checks
+    return checks
+
+
+def _converter_check(fn: Callable[[Any], Any]) -> "Check":
+    def check(value: Any, path: str) -> Any:
+        return fn(value)
+
+    return check
+
+
+def is_model_class(cls: Any) -> bool:
+    """Whether ``cls`` is a public type class (attrs-based or stdlib dataclass)."""
+    return (
+        isinstance(cls, type)
+        and issubclass(cls, TinkerModel)
+        and (attrs.has(cls) or dataclasses.is_dataclass(cls))
+    )
+
+
+def field_specs(cls: type) -> list[tuple[str, Any, Any, bool]]:
+    """``(name, annotation, default, init)`` of every field of a model class."""
+    if dataclasses.is_dataclass(cls):
+        return [
+            (f.name, f.type, f.default, f.init)
+            for f in dataclasses.fields(cls)
+            if not f.name.startswith("_")
+        ]
+    return [(a.name, a.type, a.default, a.init) for a in attrs.fields(cls)]
+
+
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
     names = _FIELD_NAMES.get(cls)
     if names is None:
-        names = tuple(a.name for a in attrs.fields(cls) if a.metadata.get("dump", True))
+        if dataclasses.is_dataclass(cls):
+            names = tuple(
+                f.name
+                for f in dataclasses.fields(cls)
+                if f.metadata.get("dump", True) and not f.name.startswith("_")
+            )
+        else:
+            names = tuple(a.name for a in attrs.fields(cls) if a.metadata.get("dump", True))
         _FIELD_NAMES[cls] = names
     return names
 
@@ -326,7 +415,10 @@ def _dict_check(key: Check, val: Check) -> Check:
 def _model_from_mapping(cls: type[_M], value: Mapping[str, Any], path: str) -> _M:
     kwargs = dict(value)
     if not cls._tinker_request:
-        names = {a.alias for a in attrs.fields(cls) if a.init}  # type: ignore[arg-type]
+        if dataclasses.is_dataclass(cls):
+            names = {f.name for f in dataclasses.fields(cls) if f.init}
+        else:
+            names = {a.alias for a in attrs.fields(cls) if a.init}  # type: ignore[arg-type]
         extra_ok = cls._tinker_extra_init
         kwargs = {k: v for k, v in kwargs.items() if k in names or k in extra_ok}
     try:
@@ -346,30 +438,28 @@ def _model_check(cls: type[TinkerModel]) -> Check:
     return check
 
 
-def _tag_of(cls: type) -> tuple[str, Any] | None:
+def tag_of(cls: type) -> tuple[str, Any] | None:
     """The (field, value) constant discriminator of a model class, if it has one."""
-    if not attrs.has(cls):
+    if not is_model_class(cls):
         return None
-    for a in attrs.fields(cls):
+    for name, tp, default, _ in field_specs(cls):
         if (
-            a.name in ("type", "state", "event")
-            and typing.get_origin(a.type) is Literal
-            and a.default in typing.get_args(a.type)
+            name in ("type", "state", "event")
+            and typing.get_origin(tp) is Literal
+            and default in typing.get_args(tp)
         ):
-            return a.name, a.default
+            return name, default
     return None
 
 
 def _union_check(members: tuple[Any, ...]) -> Check:
-    classes: list[type[TinkerModel]] = [
-        m for m in members if isinstance(m, type) and attrs.has(m) and issubclass(m, TinkerModel)
-    ]
+    classes: list[type[TinkerModel]] = [m for m in members if is_model_class(m)]
     others = [m for m in members if m not in classes]
     other_checks = [check_for(m) for m in others]
     tags: dict[Any, type[TinkerModel]] = {}
     tag_field: str | None = None
     for c in classes:
-        tag = _tag_of(c)
+        tag = tag_of(c)
         if tag is not None:
             tag_field = tag[0]
             tags[tag[1]] = c

@@ -1,13 +1,13 @@
 """Training data: provenance spans, ``Datum``, loss function names, ``ForwardBackwardInput``."""
 
+import dataclasses
 import sys
 from collections.abc import Mapping
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-import attrs
 import numpy as np
 
-from tinker_sync.types._base import TinkerModel, TinkerRequest, checked
+from tinker_sync.types._base import TinkerDataclass, TinkerRequest
 from tinker_sync.types._input import ImageAssetPointerChunk, ModelInput
 from tinker_sync.types._tensor import TensorData, TensorDtype
 
@@ -16,6 +16,8 @@ __all__ = [
     "LOSS_FN_TYPES",
     "Datum",
     "ForwardBackwardInput",
+    "ForwardBackwardRequest",
+    "ForwardRequest",
     "LossFnInputs",
     "LossFnOutput",
     "LossFnType",
@@ -144,43 +146,52 @@ def _coerce_inputs(value: Any) -> dict[str, TensorData]:
     return out
 
 
-def _check_span(inst: Any, attribute: Any, value: Any) -> None:
-    name = type(inst).__name__
-    if value < 0:
-        raise ValueError(f"{name}.{attribute.name} must be >= 0, got {value}")
+def _check_span(span: "PromptProvenanceSpan | SampledProvenanceSpan") -> None:
+    name = type(span).__name__
+    if not span.sequence_id:
+        raise ValueError(f"{name}.sequence_id must be non-empty")
+    for attr in ("offset", "length"):
+        value = getattr(span, attr)
+        if value < 0:
+            raise ValueError(f"{name}.{attr} must be >= 0, got {value}")
 
 
-def _check_seq_id(inst: Any, attribute: Any, value: str) -> None:
-    if not value:
-        raise ValueError(f"{type(inst).__name__}.sequence_id must be non-empty")
-
-
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class PromptProvenanceSpan(TinkerRequest):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PromptProvenanceSpan(TinkerDataclass, TinkerRequest):
     """A run of datum positions equal to ``[offset, offset+length)`` of a sampled request's prompt.
+
+    A frozen stdlib dataclass, as in the official SDK (``dataclasses.replace`` works).
 
     Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
-    sequence_id: str = attrs.field(validator=_check_seq_id)
-    offset: int = attrs.field(default=0, validator=_check_span)
-    length: int = attrs.field(validator=_check_span)
+    sequence_id: str
+    offset: int = 0
+    length: int
     type: Literal["prompt_tokens"] = "prompt_tokens"
     """JSON tag of this span kind (the proto oneof name); not needed when constructing."""
 
+    def _tinker_validate(self) -> None:
+        _check_span(self)
 
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class SampledProvenanceSpan(TinkerRequest):
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SampledProvenanceSpan(TinkerDataclass, TinkerRequest):
     """A run of datum positions equal to ``[offset, offset+length)`` of a sampled sequence.
+
+    A frozen stdlib dataclass, as in the official SDK (``dataclasses.replace`` works).
 
     Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
-    sequence_id: str = attrs.field(validator=_check_seq_id)
-    offset: int = attrs.field(default=0, validator=_check_span)
-    length: int = attrs.field(validator=_check_span)
+    sequence_id: str
+    offset: int = 0
+    length: int
     type: Literal["sampled_tokens"] = "sampled_tokens"
     """JSON tag of this span kind (the proto oneof name); not needed when constructing."""
+
+    def _tinker_validate(self) -> None:
+        _check_span(self)
 
 
 ProvenanceSpans: TypeAlias = list[PromptProvenanceSpan | SampledProvenanceSpan]
@@ -196,23 +207,37 @@ def _check_tiling(kwarg: str, spans: ProvenanceSpans, expected: int) -> None:
         )
 
 
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class Datum(TinkerModel):
+@dataclasses.dataclass(frozen=True)
+class Datum(TinkerDataclass):
     """One training example: ``Datum(model_input=mi, loss_fn_inputs={"target_tokens": [...]})``.
 
     ``loss_fn_inputs`` values are coerced by key: TensorData kept, numpy arrays and torch
     tensors converted, plain lists typed by key (``target_tokens`` int64; ``weights``,
     ``advantages``, ``logprobs``, ``clip_*_threshold``, ``sequence_ratio_mask`` float32).
+    A frozen stdlib dataclass, as in the official SDK (``dataclasses.replace`` works).
 
     Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     model_input: ModelInput
-    loss_fn_inputs: dict[str, TensorData] = attrs.field(factory=dict, converter=_coerce_inputs)
+    loss_fn_inputs: LossFnInputs = dataclasses.field(
+        default_factory=dict, metadata={"convert": _coerce_inputs}
+    )
     model_input_spans: ProvenanceSpans | None = None
     loss_fn_input_spans: ProvenanceSpans | None = None
 
-    def __attrs_post_init__(self) -> None:
+    if TYPE_CHECKING:
+        # The generated constructor also takes lists, numpy arrays and torch tensors as
+        # ``loss_fn_inputs`` values (converted by key, see above).
+        def __init__(
+            self,
+            model_input: ModelInput,
+            loss_fn_inputs: Mapping[str, Any] = ...,
+            model_input_spans: ProvenanceSpans | None = None,
+            loss_fn_input_spans: ProvenanceSpans | None = None,
+        ) -> None: ...
+
+    def _tinker_validate(self) -> None:
         if (self.model_input_spans is None) != (self.loss_fn_input_spans is None):
             raise ValueError(
                 "Datum: provenance comes as a pair: set both model_input_spans and "
@@ -231,23 +256,26 @@ class Datum(TinkerModel):
         target = self.loss_fn_inputs.get("target_tokens")
         if target is not None and target.shape is not None and len(target.shape) == 1:
             _check_tiling("loss_fn_inputs", loss_fn_inputs, target.shape[0])
-        return attrs.evolve(self, model_input_spans=model_input, loss_fn_input_spans=loss_fn_inputs)
+        return dataclasses.replace(
+            self, model_input_spans=model_input, loss_fn_input_spans=loss_fn_inputs
+        )
 
 
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class ForwardBackwardInput(TinkerRequest):
+@dataclasses.dataclass(frozen=True)
+class ForwardBackwardInput(TinkerDataclass, TinkerRequest):
     """The logical forward/backward request (sent as protobuf, see ``_wire``).
 
     Construction checks the loss name and rejects ``image_asset_pointer`` chunks in the data.
+    A frozen stdlib dataclass, as in the official SDK.
 
     Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     data: list[Datum]
-    loss_fn: LossFnType = attrs.field(converter=validate_loss_fn)
+    loss_fn: LossFnType = dataclasses.field(metadata={"convert": validate_loss_fn})
     loss_fn_config: dict[str, float | str] | None = None
 
-    def __attrs_post_init__(self) -> None:
+    def _tinker_validate(self) -> None:
         for i, datum in enumerate(self.data):
             for chunk in datum.model_input.chunks:
                 if isinstance(chunk, ImageAssetPointerChunk):
@@ -255,3 +283,30 @@ class ForwardBackwardInput(TinkerRequest):
                         f"ForwardBackwardInput.data[{i}]: image_asset_pointer chunks are only "
                         "valid in sampling prompts, not in forward/backward data"
                     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardBackwardRequest(TinkerDataclass, TinkerRequest):
+    """A forward/backward call as the official SDK models it: input, model id, sequence id.
+
+    tinker_sync encodes forward_backward bodies straight from the training client; this type
+    exists so code written for the official SDK can build and inspect one.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    forward_backward_input: ForwardBackwardInput
+    model_id: str
+    seq_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardRequest(TinkerDataclass, TinkerRequest):
+    """A forward (no backward) call as the official SDK models it.
+
+    Thread safety: immutable, safe to share. Fork safety: plain data.
+    """
+
+    forward_input: ForwardBackwardInput
+    model_id: str
+    seq_id: int | None = None

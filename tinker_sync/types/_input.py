@@ -25,7 +25,11 @@ _INT32_MAX = 2**31 - 1
 
 
 def _tokens(value: Any) -> Sequence[int]:
-    """Validate a token sequence; numpy integer arrays are kept without copying."""
+    """Validate and copy a token sequence (the chunk never shares the caller's list or array).
+
+    A read-only numpy integer array is kept as is (nobody can change it); a writable one is
+    copied into a read-only array.
+    """
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "iu":
             raise TypeError(
@@ -33,12 +37,15 @@ def _tokens(value: Any) -> Sequence[int]:
             )
         if value.ndim != 1:
             raise ValueError(f"EncodedTextChunk.tokens: expected a 1-D array, got {value.ndim}-D")
+        if value.flags.writeable:
+            value = value.copy()
+            value.flags.writeable = False
         return cast(Sequence[int], value)
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(
             f"EncodedTextChunk.tokens: expected a sequence of ints, got {type(value).__name__}"
         )
-    seq = value if type(value) is list else list(value)
+    seq = list(value)
     if not seq or set(map(type, seq)) == _INT_ONLY:
         return seq
     out: list[int] = []
@@ -61,7 +68,8 @@ def _tokens_eq(a: Sequence[int], b: Sequence[int]) -> bool:
 class EncodedTextChunk(TinkerRequest):
     """A run of token ids: ``EncodedTextChunk(tokens=[1, 2, 3])``.
 
-    ``tokens`` may be a list or a 1-D integer numpy array (kept without copying).
+    ``tokens`` may be a list or a 1-D integer numpy array; either is copied, so changing the
+    caller's list afterwards never changes the chunk (a read-only array is kept as is).
 
     Thread safety: immutable, safe to share. Fork safety: plain data.
     """
@@ -217,7 +225,7 @@ class ModelInput(TinkerRequest):
 
     @classmethod
     def from_ints(cls, tokens: Sequence[int] | npt.NDArray[np.integer[Any]]) -> "ModelInput":
-        """One text chunk from an int sequence or a 1-D integer numpy array (kept zero-copy)."""
+        """One text chunk from an int sequence or a 1-D integer numpy array (copied)."""
         return cls(chunks=[EncodedTextChunk(tokens=tokens)])
 
     def to_ints(self) -> list[int]:

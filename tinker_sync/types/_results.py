@@ -1,5 +1,6 @@
 """Results of training and sampling operations, and model-info replies."""
 
+import dataclasses
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any, ClassVar, Literal
@@ -9,7 +10,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from tinker_sync.types._base import TinkerModel, checked, dump
+from tinker_sync.types._base import TinkerDataclass, TinkerModel, check_for, checked, dump
 from tinker_sync.types._params import AdamOptimizerConfig, OptimizerConfig, StopReason
 from tinker_sync.types._tensor import TensorData
 
@@ -243,32 +244,49 @@ def _opt_prompt_logprobs(value: Any) -> npt.NDArray[Any] | None:
     return None if value is None else _float_array(value, "SampleResponse.prompt_logprobs_np", 1)
 
 
-@attrs.frozen(kw_only=True, field_transformer=checked, init=False)
-class SampledSequence(TinkerModel):
+_set = object.__setattr__
+_check_stop_reason = check_for(StopReason)
+_check_opt_str = check_for(str | None)
+_check_opt_topk = check_for(TopkLogprobs | None)
+_check_int = check_for(int)
+_check_opt_tensor = check_for(TensorData | None)
+
+
+def _eq_fields(a: Any, b: Any, names: Sequence[str], arrays: frozenset[str]) -> bool:
+    """Field-wise equality where numpy / TensorData fields compare by value."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return NotImplemented  # type: ignore[no-any-return]
+    for name in names:
+        x, y = getattr(a, name), getattr(b, name)
+        if name in arrays:
+            same = _tensor_eq(x, y) if isinstance(x, TensorData) else _array_eq(x, y)
+            if not same:
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
+class SampledSequence(TinkerDataclass):
     """One sampled sequence: numpy fields plus lazy list views.
 
     Usage: ``seq.tokens`` (list), ``seq.tokens_np`` (int32 array), ``seq.logprobs``.
-    The constructor also accepts the list forms ``tokens=``, ``logprobs=``, ``topk_logprobs=``.
-    ``sequence_id`` is None until the client stamps the id from the ``asample`` reply.
+    The constructor also accepts the list forms ``tokens=``, ``logprobs=``, ``topk_logprobs=``
+    (and the official SDK's ``_tokens_list=`` spellings). ``sequence_id`` is None until the
+    client stamps the id from the ``asample`` reply. A frozen stdlib dataclass, as in the
+    official SDK.
 
     Thread safety: immutable (list views are computed once), safe to share. Fork safety: data.
     """
 
     stop_reason: StopReason
-    sequence_id: str | None = None
-    tokens_np: npt.NDArray[Any] | None = attrs.field(
-        default=None,
-        converter=_opt_tokens,
-        eq=attrs.cmp_using(eq=_array_eq, require_same_type=False),
-        repr=False,
-    )
-    logprobs_np: npt.NDArray[Any] | None = attrs.field(
-        default=None,
-        converter=_opt_logprobs,
-        eq=attrs.cmp_using(eq=_array_eq, require_same_type=False),
-        repr=False,
-    )
-    topk_logprobs_np: TopkLogprobs | None = attrs.field(default=None, repr=False)
+    sequence_id: str | None
+    tokens_np: npt.NDArray[Any] | None
+    logprobs_np: npt.NDArray[Any] | None
+    topk_logprobs_np: TopkLogprobs | None
 
     _tinker_extra_init: ClassVar[frozenset[str]] = frozenset(
         {"tokens", "logprobs", "topk_logprobs"}
@@ -276,16 +294,22 @@ class SampledSequence(TinkerModel):
 
     def __init__(
         self,
-        *,
         stop_reason: StopReason,
         sequence_id: str | None = None,
         tokens_np: Any = None,
         logprobs_np: Any = None,
         topk_logprobs_np: TopkLogprobs | None = None,
+        _tokens_list: Sequence[int] | None = None,
+        _logprobs_list: Sequence[float] | None = None,
+        _topk_logprobs_list: Sequence[Sequence[Any] | None] | None = None,
+        *,
         tokens: Sequence[int] | None = None,
         logprobs: Sequence[float] | None = None,
         topk_logprobs: Sequence[Sequence[Any] | None] | None = None,
     ) -> None:
+        tokens = _one_of("tokens", tokens, _tokens_list)
+        logprobs = _one_of("logprobs", logprobs, _logprobs_list)
+        topk_logprobs = _one_of("topk_logprobs", topk_logprobs, _topk_logprobs_list)
         if tokens is not None:
             if tokens_np is not None:
                 raise TypeError("SampledSequence: pass tokens or tokens_np, not both")
@@ -298,13 +322,25 @@ class SampledSequence(TinkerModel):
             if topk_logprobs_np is not None:
                 raise TypeError("SampledSequence: pass topk_logprobs or topk_logprobs_np")
             topk_logprobs_np = _topk_arg(topk_logprobs, "SampledSequence.topk_logprobs")
-        self.__attrs_init__(
-            stop_reason=stop_reason,
-            sequence_id=sequence_id,
-            tokens_np=tokens_np,
-            logprobs_np=logprobs_np,
-            topk_logprobs_np=topk_logprobs_np,
+        _set(self, "stop_reason", _check_stop_reason(stop_reason, "SampledSequence.stop_reason"))
+        _set(self, "sequence_id", _check_opt_str(sequence_id, "SampledSequence.sequence_id"))
+        _set(self, "tokens_np", _opt_tokens(tokens_np))
+        _set(self, "logprobs_np", _opt_logprobs(logprobs_np))
+        _set(
+            self,
+            "topk_logprobs_np",
+            _check_opt_topk(topk_logprobs_np, "SampledSequence.topk_logprobs_np"),
         )
+
+    def __repr__(self) -> str:
+        return (
+            f"SampledSequence(stop_reason={self.stop_reason!r}, sequence_id={self.sequence_id!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return _eq_fields(self, other, _SEQ_FIELDS, _SEQ_ARRAYS)
+
+    __hash__ = None  # type: ignore[assignment]
 
     @cached_property
     def tokens(self) -> list[int]:
@@ -342,42 +378,57 @@ class SampledSequence(TinkerModel):
         return out
 
 
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class PromptAltTokens(TinkerModel):
+_SEQ_FIELDS = ("stop_reason", "sequence_id", "tokens_np", "logprobs_np", "topk_logprobs_np")
+_SEQ_ARRAYS = frozenset({"tokens_np", "logprobs_np"})
+
+
+def _one_of(name: str, public: Any, private: Any) -> Any:
+    if private is None:
+        return public
+    if public is not None:
+        raise TypeError(f"pass {name} or _{name}_list, not both")
+    return private
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptAltTokens(TinkerDataclass):
     """Alternative draws at every prompt position after the first: two ``[len(prompt)-1, k]``
-    tensors (``tokens`` int64, ``logprobs`` float32).
+    tensors (``tokens`` int64, ``logprobs`` float32). A frozen stdlib dataclass, as in the
+    official SDK; equality compares the tensors' values.
 
     Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
-    tokens: TensorData = attrs.field(eq=attrs.cmp_using(eq=_tensor_eq, require_same_type=False))
-    logprobs: TensorData = attrs.field(eq=attrs.cmp_using(eq=_tensor_eq, require_same_type=False))
+    tokens: TensorData
+    logprobs: TensorData
+
+    def __eq__(self, other: object) -> bool:
+        return _eq_fields(self, other, ("tokens", "logprobs"), _ALT_ARRAYS)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
-@attrs.frozen(kw_only=True, field_transformer=checked, init=False)
-class SampleResponse(TinkerModel):
+_ALT_ARRAYS = frozenset({"tokens", "logprobs"})
+
+
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
+class SampleResponse(TinkerDataclass):
     """Result of ``sample`` / ``compute_logprobs``: sequences and optional prompt logprobs.
 
     ``prompt_logprobs_np`` is float32 with NaN where nothing was computed; the lazy list view
     ``prompt_logprobs`` has None there. The constructor also accepts the list forms
-    ``prompt_logprobs=`` and ``topk_prompt_logprobs=``.
+    ``prompt_logprobs=`` and ``topk_prompt_logprobs=`` (and the official SDK's
+    ``_prompt_logprobs_list=`` spellings). A frozen stdlib dataclass, as in the official SDK.
 
     Thread safety: immutable (list views are computed once), safe to share. Fork safety: data.
     """
 
     sequences: list[SampledSequence]
-    prompt_logprobs_np: npt.NDArray[Any] | None = attrs.field(
-        default=None,
-        converter=_opt_prompt_logprobs,
-        eq=attrs.cmp_using(eq=_array_eq, require_same_type=False),
-        repr=False,
-    )
-    topk_prompt_logprobs_np: TopkLogprobs | None = attrs.field(default=None, repr=False)
-    target_prompt_logprobs: TensorData | None = attrs.field(
-        default=None, eq=attrs.cmp_using(eq=_tensor_eq, require_same_type=False)
-    )
-    prompt_cache_hit_tokens: int = 0
-    prompt_alt_tokens: PromptAltTokens | None = None
+    prompt_logprobs_np: npt.NDArray[Any] | None
+    topk_prompt_logprobs_np: TopkLogprobs | None
+    target_prompt_logprobs: TensorData | None
+    prompt_cache_hit_tokens: int
+    prompt_alt_tokens: PromptAltTokens | None
 
     _tinker_extra_init: ClassVar[frozenset[str]] = frozenset(
         {"prompt_logprobs", "topk_prompt_logprobs"}
@@ -385,16 +436,22 @@ class SampleResponse(TinkerModel):
 
     def __init__(
         self,
-        *,
         sequences: Sequence[SampledSequence],
         prompt_logprobs_np: Any = None,
         topk_prompt_logprobs_np: TopkLogprobs | None = None,
         target_prompt_logprobs: TensorData | None = None,
         prompt_cache_hit_tokens: int = 0,
         prompt_alt_tokens: PromptAltTokens | None = None,
+        _prompt_logprobs_list: Sequence[float | None] | None = None,
+        _topk_prompt_logprobs_list: Sequence[Sequence[Any] | None] | None = None,
+        *,
         prompt_logprobs: Sequence[float | None] | None = None,
         topk_prompt_logprobs: Sequence[Sequence[Any] | None] | None = None,
     ) -> None:
+        prompt_logprobs = _one_of("prompt_logprobs", prompt_logprobs, _prompt_logprobs_list)
+        topk_prompt_logprobs = _one_of(
+            "topk_prompt_logprobs", topk_prompt_logprobs, _topk_prompt_logprobs_list
+        )
         if prompt_logprobs is not None:
             if prompt_logprobs_np is not None:
                 raise TypeError("SampleResponse: pass prompt_logprobs or prompt_logprobs_np")
@@ -407,14 +464,41 @@ class SampleResponse(TinkerModel):
             topk_prompt_logprobs_np = _topk_arg(
                 topk_prompt_logprobs, "SampleResponse.topk_prompt_logprobs"
             )
-        self.__attrs_init__(
-            sequences=sequences if type(sequences) is list else list(sequences),
-            prompt_logprobs_np=prompt_logprobs_np,
-            topk_prompt_logprobs_np=topk_prompt_logprobs_np,
-            target_prompt_logprobs=target_prompt_logprobs,
-            prompt_cache_hit_tokens=prompt_cache_hit_tokens,
-            prompt_alt_tokens=prompt_alt_tokens,
+        _set(self, "sequences", _check_sequences(sequences, "SampleResponse.sequences"))
+        _set(self, "prompt_logprobs_np", _opt_prompt_logprobs(prompt_logprobs_np))
+        _set(
+            self,
+            "topk_prompt_logprobs_np",
+            _check_opt_topk(topk_prompt_logprobs_np, "SampleResponse.topk_prompt_logprobs_np"),
         )
+        _set(
+            self,
+            "target_prompt_logprobs",
+            _check_opt_tensor(target_prompt_logprobs, "SampleResponse.target_prompt_logprobs"),
+        )
+        _set(
+            self,
+            "prompt_cache_hit_tokens",
+            _check_int(prompt_cache_hit_tokens, "SampleResponse.prompt_cache_hit_tokens"),
+        )
+        _set(
+            self,
+            "prompt_alt_tokens",
+            _check_opt_alt(prompt_alt_tokens, "SampleResponse.prompt_alt_tokens"),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"SampleResponse(sequences={self.sequences!r}, "
+            f"target_prompt_logprobs={self.target_prompt_logprobs!r}, "
+            f"prompt_cache_hit_tokens={self.prompt_cache_hit_tokens!r}, "
+            f"prompt_alt_tokens={self.prompt_alt_tokens!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return _eq_fields(self, other, _RESP_FIELDS, _RESP_ARRAYS)
+
+    __hash__ = None  # type: ignore[assignment]
 
     @cached_property
     def prompt_logprobs(self) -> list[float | None] | None:
@@ -448,12 +532,26 @@ class SampleResponse(TinkerModel):
         return out
 
 
-@attrs.frozen(kw_only=True, field_transformer=checked, eq=False)
-class ForwardBackwardOutput(TinkerModel):
+_check_sequences = check_for(list[SampledSequence])
+_check_opt_alt = check_for(PromptAltTokens | None)
+_RESP_FIELDS = (
+    "sequences",
+    "prompt_logprobs_np",
+    "topk_prompt_logprobs_np",
+    "target_prompt_logprobs",
+    "prompt_cache_hit_tokens",
+    "prompt_alt_tokens",
+)
+_RESP_ARRAYS = frozenset({"prompt_logprobs_np", "target_prompt_logprobs"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardBackwardOutput(TinkerDataclass):
     """Result of ``forward`` / ``forward_backward``: per-datum outputs and reduced metrics.
 
     ``loss_fn_outputs[i]`` maps a name (typically ``logprobs``) to a TensorData; metric keys
-    look like ``name:reduction`` (e.g. ``loss:sum``).
+    look like ``name:reduction`` (e.g. ``loss:sum``). A frozen stdlib dataclass, as in the
+    official SDK (equality compares TensorData by identity, like the official type).
 
     Thread safety: immutable, safe to share. Fork safety: plain data.
     """
@@ -461,7 +559,7 @@ class ForwardBackwardOutput(TinkerModel):
     loss_fn_output_type: str
     loss_fn_outputs: list[dict[str, TensorData]]
     #: ``hash2`` reductions are exact ints (they may exceed 2**53); the rest are floats.
-    metrics: dict[str, int | float] = attrs.field(factory=dict)
+    metrics: dict[str, int | float] = dataclasses.field(default_factory=dict)
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)

@@ -1,8 +1,9 @@
 """``TensorData``: a numpy-backed, immutable tensor in the two wire dtypes (int64, float32)."""
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -65,6 +66,7 @@ def _index_array(value: Any, name: str) -> npt.NDArray[np.int64]:
     return np.asarray(value, dtype=np.int64).reshape(-1)
 
 
+@dataclasses.dataclass(frozen=True, eq=False, init=False, repr=False)
 class TensorData(TinkerModel):
     """An int64 or float32 tensor, dense or CSR, stored as a flat read-only numpy array.
 
@@ -81,6 +83,10 @@ class TensorData(TinkerModel):
         sparse_crow_indices / sparse_col_indices: CSR row pointers and column indices
             (both or neither).
 
+    A frozen stdlib dataclass with the official SDK's fields (``dtype``, ``shape``,
+    ``sparse_crow_indices``, ``sparse_col_indices``, ``_numpy``), so ``dataclasses.fields`` and
+    ``dataclasses.replace`` work; the index lists are computed from the stored arrays on access.
+    A numpy ``data`` array is kept without copying (as in the official SDK); lists are copied.
     Equality is identity (``eq=False``, like the official SDK). Thread safety: immutable, safe
     to share. Fork safety: plain data.
     """
@@ -89,10 +95,18 @@ class TensorData(TinkerModel):
 
     dtype: TensorDtype
     shape: list[int] | None
-    _arr: npt.NDArray[Any]
-    _crow: npt.NDArray[np.int64] | None
-    _col: npt.NDArray[np.int64] | None
-    _view_shape: tuple[int, ...]
+    # Computed from the stored arrays: properties installed after the class (see below).
+    sparse_crow_indices: list[int] | None
+    sparse_col_indices: list[int] | None
+    _numpy: npt.NDArray[Any]
+
+    _tinker_extra_init: ClassVar[frozenset[str]] = frozenset({"data"})
+
+    if TYPE_CHECKING:
+        _arr: npt.NDArray[Any]
+        _crow: npt.NDArray[np.int64] | None
+        _col: npt.NDArray[np.int64] | None
+        _view_shape: tuple[int, ...]
 
     def __init__(
         self,
@@ -101,7 +115,10 @@ class TensorData(TinkerModel):
         shape: Sequence[int] | None = None,
         sparse_crow_indices: Any = None,
         sparse_col_indices: Any = None,
+        _numpy: Any = None,
     ) -> None:
+        if data is None:
+            data = _numpy
         if dtype is None:
             raise TypeError("TensorData requires `dtype` ('int64' or 'float32')")
         np_dtype = _NP_DTYPES.get(dtype) if isinstance(dtype, str) else None
@@ -194,12 +211,6 @@ class TensorData(TinkerModel):
         set_(self, "_col", col)
         set_(self, "_view_shape", view_shape)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"TensorData is immutable; cannot set {name!r}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"TensorData is immutable; cannot delete {name!r}")
-
     def __repr__(self) -> str:
         size = self._arr.size
         preview = self._arr[:8].tolist()
@@ -224,16 +235,6 @@ class TensorData(TinkerModel):
     def data_np(self) -> npt.NDArray[Any]:
         """The flat values as a read-only numpy array (int64 or float32), no copy."""
         return _readonly(self._arr)
-
-    @property
-    def sparse_crow_indices(self) -> list[int] | None:
-        """CSR row pointers (``rows + 1`` entries) or None for a dense tensor."""
-        return None if self._crow is None else self._crow.tolist()
-
-    @property
-    def sparse_col_indices(self) -> list[int] | None:
-        """CSR column indices (one per listed value) or None for a dense tensor."""
-        return None if self._col is None else self._col.tolist()
 
     @property
     def crow_np(self) -> npt.NDArray[np.int64] | None:
@@ -378,6 +379,31 @@ class TensorData(TinkerModel):
             if value is not None or not drop_none:
                 out[key] = None if value is None else list(value)
         return out
+
+
+def _crow_list(self: TensorData) -> list[int] | None:
+    """CSR row pointers (``rows + 1`` entries) or None for a dense tensor."""
+    return None if self._crow is None else self._crow.tolist()
+
+
+def _col_list(self: TensorData) -> list[int] | None:
+    """CSR column indices (one per listed value) or None for a dense tensor."""
+    return None if self._col is None else self._col.tolist()
+
+
+def _numpy_values(self: TensorData) -> npt.NDArray[Any]:
+    """The stored values in their natural shape (for CSR: the listed values), read-only."""
+    arr = self._arr
+    if self.shape is None and self._crow is None:
+        arr = arr.reshape(self._view_shape)
+    return _readonly(arr)
+
+
+# Dataclass fields whose values are computed from the stored arrays (so that
+# ``dataclasses.fields`` lists the official field names and ``dataclasses.replace`` works).
+setattr(TensorData, "sparse_crow_indices", property(_crow_list))  # noqa: B010
+setattr(TensorData, "sparse_col_indices", property(_col_list))  # noqa: B010
+setattr(TensorData, "_numpy", property(_numpy_values))  # noqa: B010
 
 
 def _rebuild(
