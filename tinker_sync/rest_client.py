@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from tinker_sync._asyncio import awaiting_alias
 from tinker_sync._clock import SYSTEM_CLOCK, Clock
 from tinker_sync._config import ClientConfig, Timeout, jwt_claims
 from tinker_sync._executor import pool
@@ -709,97 +710,28 @@ class RestClient:
 
     # ---------------------------------------------------------------- async aliases
 
-    async def get_server_capabilities_async(self) -> GetServerCapabilitiesResponse:
-        return await self.get_server_capabilities()
-
-    async def get_training_run_async(
-        self, training_run_id: str, access_scope: AccessScope = "owned"
-    ) -> TrainingRun:
-        return await self.get_training_run(training_run_id, access_scope)
-
-    async def get_training_run_by_tinker_path_async(
-        self, tinker_path: str, access_scope: AccessScope = "owned"
-    ) -> TrainingRun:
-        return await self.get_training_run_by_tinker_path(tinker_path, access_scope)
-
-    async def get_weights_info_by_tinker_path_async(self, tinker_path: str) -> WeightsInfoResponse:
-        return await self.get_weights_info_by_tinker_path(tinker_path)
-
-    async def list_training_runs_async(
-        self,
-        limit: int = 20,
-        offset: int = 0,
-        access_scope: AccessScope = "owned",
-        project_id: str | None = None,
-    ) -> TrainingRunsResponse:
-        return await self.list_training_runs(limit, offset, access_scope, project_id)
-
-    async def list_checkpoints_async(self, training_run_id: str) -> CheckpointsListResponse:
-        return await self.list_checkpoints(training_run_id)
-
-    async def list_user_checkpoints_async(
-        self, limit: int = 100, offset: int = 0
-    ) -> CheckpointsListResponse:
-        return await self.list_user_checkpoints(limit, offset)
-
-    async def get_external_weights_urls_async(
-        self, tinker_path: str
-    ) -> ExternalWeightsUrlsResponse:
-        return await self.get_external_weights_urls(tinker_path)
-
-    async def delete_checkpoint_async(self, training_run_id: str, checkpoint_id: str) -> None:
-        return await self.delete_checkpoint(training_run_id, checkpoint_id)
-
-    async def delete_checkpoint_from_tinker_path_async(self, tinker_path: str) -> None:
-        return await self.delete_checkpoint_from_tinker_path(tinker_path)
-
-    async def publish_checkpoint_from_tinker_path_async(self, tinker_path: str) -> None:
-        return await self.publish_checkpoint_from_tinker_path(tinker_path)
-
-    async def unpublish_checkpoint_from_tinker_path_async(self, tinker_path: str) -> None:
-        return await self.unpublish_checkpoint_from_tinker_path(tinker_path)
-
-    async def set_checkpoint_ttl_from_tinker_path_async(
-        self, tinker_path: str, ttl_seconds: int | None
-    ) -> None:
-        return await self.set_checkpoint_ttl_from_tinker_path(tinker_path, ttl_seconds)
-
-    async def copy_weights_async(
-        self,
-        path: str,
-        destination_project_id: str | None = None,
-        *,
-        ttl_seconds: int | None = None,
-        weights_access_token: str | None = None,
-    ) -> str:
-        return await self.copy_weights(
-            path,
-            destination_project_id,
-            ttl_seconds=ttl_seconds,
-            weights_access_token=weights_access_token,
-        )
-
-    async def get_session_async(
-        self, session_id: str, access_scope: AccessScope = "owned"
-    ) -> GetSessionResponse:
-        return await self.get_session(session_id, access_scope)
-
-    async def list_sessions_async(
-        self, limit: int = 20, offset: int = 0, access_scope: AccessScope = "owned"
-    ) -> ListSessionsResponse:
-        return await self.list_sessions(limit, offset, access_scope)
-
-    async def assign_session_project_async(self, session_id: str, project_id: str) -> None:
-        return await self.assign_session_project(session_id, project_id)
-
-    async def export_session_trace_async(self, session_id: str) -> str:
-        return await self.export_session_trace(session_id)
-
-    async def whoami_async(self) -> WhoamiResponse:
-        return await self.whoami()
-
-    async def get_sampler_async(self, sampler_id: str) -> GetSamplerResponse:
-        return await self.get_sampler(sampler_id)
+    get_server_capabilities_async = awaiting_alias(get_server_capabilities)
+    get_training_run_async = awaiting_alias(get_training_run)
+    get_training_run_by_tinker_path_async = awaiting_alias(get_training_run_by_tinker_path)
+    get_weights_info_by_tinker_path_async = awaiting_alias(get_weights_info_by_tinker_path)
+    list_training_runs_async = awaiting_alias(list_training_runs)
+    list_checkpoints_async = awaiting_alias(list_checkpoints)
+    list_user_checkpoints_async = awaiting_alias(list_user_checkpoints)
+    get_external_weights_urls_async = awaiting_alias(get_external_weights_urls)
+    delete_checkpoint_async = awaiting_alias(delete_checkpoint)
+    delete_checkpoint_from_tinker_path_async = awaiting_alias(delete_checkpoint_from_tinker_path)
+    publish_checkpoint_from_tinker_path_async = awaiting_alias(publish_checkpoint_from_tinker_path)
+    unpublish_checkpoint_from_tinker_path_async = awaiting_alias(
+        unpublish_checkpoint_from_tinker_path
+    )
+    set_checkpoint_ttl_from_tinker_path_async = awaiting_alias(set_checkpoint_ttl_from_tinker_path)
+    copy_weights_async = awaiting_alias(copy_weights)
+    get_session_async = awaiting_alias(get_session)
+    list_sessions_async = awaiting_alias(list_sessions)
+    assign_session_project_async = awaiting_alias(assign_session_project)
+    export_session_trace_async = awaiting_alias(export_session_trace)
+    whoami_async = awaiting_alias(whoami)
+    get_sampler_async = awaiting_alias(get_sampler)
 
 
 def _ignore(reply: Reply) -> None:

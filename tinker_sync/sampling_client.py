@@ -60,6 +60,7 @@ import attrs
 import numpy as np
 
 from tinker_sync import _pending
+from tinker_sync._asyncio import awaiting_alias, direct_alias
 from tinker_sync._clock import Clock
 from tinker_sync._executor import Claimable, call_later, pool
 from tinker_sync._fork import make_lock, register_after_fork
@@ -350,8 +351,7 @@ class SamplingClient:
     def get_base_model(self) -> str:
         return self._base_model
 
-    async def get_base_model_async(self) -> str:
-        return self._base_model
+    get_base_model_async = direct_alias(get_base_model)
 
     def result(self, timeout: float | None = None) -> SamplingClient:
         """0.38 compatibility: creation already returned the client."""
@@ -689,11 +689,8 @@ class SamplingClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def sample_async(self, *args: Any, **kwargs: Any) -> SampleResponse:
-        return await self.sample(*args, **kwargs)
-
-    async def compute_logprobs_async(self, *args: Any, **kwargs: Any) -> list[float | None]:
-        return await self.compute_logprobs(*args, **kwargs)
+    sample_async = awaiting_alias(sample)
+    compute_logprobs_async = awaiting_alias(compute_logprobs)
 
 
 class PendingSamplingClient(_pending.PendingClient, SamplingClient):

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from tinker_sync import _pending
+from tinker_sync._asyncio import blocking_alias
 from tinker_sync._clock import SYSTEM_CLOCK, Clock
 from tinker_sync._config import ClientConfig, Timeout, normalize_base_url
 from tinker_sync._futures import APIFuture
@@ -585,92 +586,13 @@ class ServiceClient:
 
     # ---------------------------------------------------------------- async aliases
 
-    async def create_lora_training_client_async(
-        self,
-        base_model: str,
-        rank: int = 32,
-        seed: int | None = None,
-        train_mlp: bool = True,
-        train_attn: bool = True,
-        train_unembed: bool = True,
-        user_metadata: dict[str, str] | None = None,
-        optimizer: OptimizerConfig | None = None,
-    ) -> TrainingClient:
-        """Awaitable :meth:`create_lora_training_client` (runs on an SDK thread)."""
-        from tinker_sync._asyncio import run_blocking
-
-        return await run_blocking(
-            self.create_lora_training_client,
-            base_model,
-            rank,
-            seed,
-            train_mlp,
-            train_attn,
-            train_unembed,
-            user_metadata,
-            optimizer,
-        )
-
-    async def create_training_client_from_state_async(
-        self,
-        path: str,
-        base_model: str | None = None,
-        user_metadata: dict[str, str] | None = None,
-        weights_access_token: str | None = None,
-        optimizer: OptimizerConfig | None = None,
-    ) -> TrainingClient:
-        """Awaitable :meth:`create_training_client_from_state` (runs on an SDK thread)."""
-        from tinker_sync._asyncio import run_blocking
-
-        return await run_blocking(
-            self.create_training_client_from_state,
-            path,
-            base_model,
-            user_metadata,
-            weights_access_token,
-            optimizer,
-        )
-
-    async def create_training_client_from_state_with_optimizer_async(
-        self,
-        path: str,
-        base_model: str | None = None,
-        user_metadata: dict[str, str] | None = None,
-        weights_access_token: str | None = None,
-    ) -> TrainingClient:
-        """Awaitable :meth:`create_training_client_from_state_with_optimizer`."""
-        from tinker_sync._asyncio import run_blocking
-
-        return await run_blocking(
-            self.create_training_client_from_state_with_optimizer,
-            path,
-            base_model,
-            user_metadata,
-            weights_access_token,
-        )
-
-    async def create_sampling_client_async(
-        self,
-        model_path: str | None = None,
-        base_model: str | None = None,
-        retry_config: RetryConfig | None = None,
-        record_stability_info: bool = False,
-    ) -> SamplingClient:
-        """Awaitable :meth:`create_sampling_client` (runs on an SDK thread)."""
-        from tinker_sync._asyncio import run_blocking
-
-        return await run_blocking(
-            self.create_sampling_client,
-            model_path,
-            base_model,
-            retry_config,
-            record_stability_info,
-        )
-
-    async def get_server_capabilities_async(self) -> GetServerCapabilitiesResponse:
-        from tinker_sync._asyncio import run_blocking
-
-        return await run_blocking(self.get_server_capabilities)
+    create_lora_training_client_async = blocking_alias(create_lora_training_client)
+    create_training_client_from_state_async = blocking_alias(create_training_client_from_state)
+    create_training_client_from_state_with_optimizer_async = blocking_alias(
+        create_training_client_from_state_with_optimizer
+    )
+    create_sampling_client_async = blocking_alias(create_sampling_client)
+    get_server_capabilities_async = blocking_alias(get_server_capabilities)
 
     # ---------------------------------------------------------------- internals
 

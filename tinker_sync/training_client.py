@@ -27,6 +27,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from tinker_sync import _pending
+from tinker_sync._asyncio import blocking_alias, direct_alias
 from tinker_sync._chunkgroup import ChunkGroup
 from tinker_sync._executor import pool
 from tinker_sync._futures import APIFuture
@@ -144,8 +145,7 @@ class TrainingClient:
         """Model info fetched at creation (cached; never queues behind sends)."""
         return self._info
 
-    async def get_info_async(self) -> GetInfoResponse:
-        return self._info
+    get_info_async = direct_alias(get_info)
 
     @captures_exceptions
     def get_tokenizer(self) -> TinkerTokenizer:
@@ -749,99 +749,19 @@ class TrainingClient:
 
     # ---------------------------------------------------------------- async aliases (B17)
 
-    async def forward_async(
-        self,
-        data: list[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float | str] | None = None,
-    ) -> APIFuture[ForwardBackwardOutput]:
-        return self.forward(data, loss_fn, loss_fn_config)
-
-    async def forward_backward_async(
-        self,
-        data: list[Datum],
-        loss_fn: str,
-        loss_fn_config: Mapping[str, float | str] | None = None,
-    ) -> APIFuture[ForwardBackwardOutput]:
-        return self.forward_backward(data, loss_fn, loss_fn_config)
-
-    async def forward_backward_custom_async(
-        self,
-        data: list[Datum],
-        loss_fn: PerDatumLossFn | LossHandle,
-        *,
-        loss_type_input: Literal["logprobs"] | None = None,
-    ) -> APIFuture[ForwardBackwardOutput]:
-        return self.forward_backward_custom(data, loss_fn, loss_type_input=loss_type_input)
-
-    async def optim_step_async(
-        self,
-        optim_params: AdamParams | DimuonParams | None = None,
-        *,
-        adam_params: AdamParams | None = None,
-    ) -> APIFuture[OptimStepResponse]:
-        return self.optim_step(optim_params, adam_params=adam_params)
-
-    async def save_state_async(
-        self,
-        name: str,
-        ttl_seconds: int | None = None,
-        overwrite: bool = False,
-        user_metadata: dict[str, str] | None = None,
-    ) -> APIFuture[SaveWeightsResponse]:
-        return self.save_state(name, ttl_seconds, overwrite, user_metadata)
-
-    async def load_state_async(
-        self, path: str, weights_access_token: str | None = None
-    ) -> APIFuture[LoadWeightsResponse]:
-        return self.load_state(path, weights_access_token)
-
-    async def load_state_with_optimizer_async(
-        self, path: str, weights_access_token: str | None = None
-    ) -> APIFuture[LoadWeightsResponse]:
-        return self.load_state_with_optimizer(path, weights_access_token)
-
-    async def save_weights_for_sampler_async(
-        self, name: str, ttl_seconds: int | None = None, user_metadata: dict[str, str] | None = None
-    ) -> APIFuture[SaveWeightsForSamplerResponse]:
-        return self.save_weights_for_sampler(name, ttl_seconds, user_metadata)
-
-    async def save_weights_external_async(
-        self,
-        name: str,
-        ttl_seconds: int | None = None,
-        age_encryption_recipients: list[str] | None = None,
-    ) -> APIFuture[SaveWeightsExternalResponse]:
-        return self.save_weights_external(name, ttl_seconds, age_encryption_recipients)
-
-    async def save_weights_and_get_sampling_client_async(
-        self,
-        name: str | None = None,
-        retry_config: RetryConfig | None = None,
-        record_stability_info: bool = False,
-        kind: Literal["snapshot", "inflight"] = "snapshot",
-    ) -> SamplingClient:
-        from tinker_sync._asyncio import run_blocking
-
-        return await run_blocking(
-            self.save_weights_and_get_sampling_client,
-            name,
-            retry_config,
-            record_stability_info,
-            kind,
-        )
-
-    async def create_sampling_client_async(
-        self,
-        model_path: str,
-        retry_config: RetryConfig | None = None,
-        record_stability_info: bool = False,
-    ) -> SamplingClient:
-        from tinker_sync._asyncio import run_blocking
-
-        return await run_blocking(
-            self.create_sampling_client, model_path, retry_config, record_stability_info
-        )
+    forward_async = direct_alias(forward)
+    forward_backward_async = direct_alias(forward_backward)
+    forward_backward_custom_async = direct_alias(forward_backward_custom)
+    optim_step_async = direct_alias(optim_step)
+    save_state_async = direct_alias(save_state)
+    load_state_async = direct_alias(load_state)
+    load_state_with_optimizer_async = direct_alias(load_state_with_optimizer)
+    save_weights_for_sampler_async = direct_alias(save_weights_for_sampler)
+    save_weights_external_async = direct_alias(save_weights_external)
+    save_weights_and_get_sampling_client_async = blocking_alias(
+        save_weights_and_get_sampling_client
+    )
+    create_sampling_client_async = blocking_alias(create_sampling_client)
 
 
 class PendingTrainingClient(_pending.PendingClient, TrainingClient):
