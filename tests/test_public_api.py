@@ -186,3 +186,20 @@ def test_official_method_names_and_signatures_are_kept(cls_name: str) -> None:
             assert inspect.iscoroutinefunction(getattr(ours, name)), name
         checked += 1
     assert checked > 10
+
+
+def test_contrib_ray_exports_the_executor_and_imports_ray_only_on_use() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import tinker_sync.contrib.ray as contrib_ray
+        print(contrib_ray.__all__, "ray" in sys.modules)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["['RayExecutor']", "False"]
