@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -36,3 +38,29 @@ def test_sl_loop_loss_falls() -> None:
     assert losses[-1] < 0.5 * losses[0]
     assert min(losses[-5:]) < min(losses[:5])
     assert "sample:" in out
+
+
+def rewards_of(out: str) -> list[float]:
+    rewards = [float(x) for x in re.findall(r"^step +\d+ +reward ([0-9.]+)$", out, re.M)]
+    first, last = re.search(r"reward: first ([0-9.]+) -> last ([0-9.]+)", out).groups()  # type: ignore[union-attr]
+    assert float(first) == rewards[0] and float(last) == rewards[-1]
+    return rewards
+
+
+@pytest.mark.parametrize(
+    "example",
+    [
+        ("rollout_pool.py",),
+        ("rollout_ray.py", "--mode", "actors"),
+        ("rollout_ray.py", "--mode", "executor"),
+    ],
+    ids=["process-pool", "ray-actors", "ray-executor"],
+)
+def test_rollout_examples_learn_the_toy_reward(example: tuple[str, ...]) -> None:
+    """examples/rollout_*.py: rollouts in worker processes / on Ray; the mean reward rises."""
+    if example[0] == "rollout_ray.py" and not os.environ.get("CI"):
+        pytest.importorskip("ray")  # CI installs Ray (test extra): never skipped there
+    out = run_example(*example, "--steps", "7", "--groups", "6")
+    rewards = rewards_of(out)
+    assert len(rewards) == 7
+    assert rewards[0] < 0.1 and rewards[-1] > 0.5, rewards
