@@ -52,9 +52,8 @@ def rewards_of(out: str) -> list[float]:
     [
         ("rollout_pool.py",),
         ("rollout_ray.py", "--mode", "actors"),
-        ("rollout_ray.py", "--mode", "executor"),
     ],
-    ids=["process-pool", "ray-actors", "ray-executor"],
+    ids=["process-pool", "ray-actors"],
 )
 def test_rollout_examples_learn_the_toy_reward(example: tuple[str, ...]) -> None:
     """examples/rollout_*.py: rollouts in worker processes / on Ray; the mean reward rises."""
