@@ -81,6 +81,7 @@ from tinker_sync.local.backends.base import (
     SampleResult,
     UserError,
 )
+from tinker_sync.types import LOSS_FN_TYPES
 
 __all__ = ["DEFAULT_CLIENT_CONFIG", "DEFAULT_DYNAMIC_CONFIG", "TinkerApp"]
 
@@ -119,18 +120,7 @@ DEFAULT_DYNAMIC_CONFIG: dict[str, Any] = {
 }
 
 _PROTO_KINDS = frozenset({"Sample", "ForwardBackward", "Forward"})
-_LOSS_FNS = frozenset(
-    {
-        "cross_entropy",
-        "importance_sampling",
-        "ppo",
-        "cispo",
-        "dro",
-        "gspo",
-        "stable_reinforce",
-        "custom",
-    }
-)
+_LOSS_FNS = frozenset(LOSS_FN_TYPES)
 _QUEUE_STATES = ("active", "paused_capacity", "paused_rate_limit")
 _SAMPLE_CLONE_STRIDE = 1_000_000_000
 #: Upper bound of ``num_samples`` per asample: the sequence ids are built on the event loop,

@@ -2,6 +2,7 @@
 
 import dataclasses
 import sys
+import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -38,17 +39,8 @@ LossFnType: TypeAlias = Literal[
     "stable_reinforce",
     "custom",
 ]
-LOSS_FN_TYPES: tuple[LossFnType, ...] = (
-    "cross_entropy",
-    "importance_sampling",
-    "ppo",
-    "cispo",
-    "dro",
-    "gspo",
-    "stable_reinforce",
-    "custom",
-)
-"""Every valid ``loss_fn`` name."""
+LOSS_FN_TYPES: tuple[LossFnType, ...] = typing.get_args(LossFnType)
+"""Every valid ``loss_fn`` name, read from :data:`LossFnType` (the one list of them)."""
 
 
 def validate_loss_fn(name: Any) -> LossFnType:

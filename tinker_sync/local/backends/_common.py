@@ -27,6 +27,7 @@ from tinker_sync.local.backends.base import (
     SampleOptions,
     UserError,
 )
+from tinker_sync.types import LOSS_FN_TYPES
 
 #: Model names every local backend knows, whatever ``accept_any_model`` says.
 TINY_MODEL = "tinker-sync/tiny"
@@ -39,17 +40,8 @@ MASK_LOGPROB = -99999.0
 #: Largest LoRA rank the local backends accept.
 MAX_LORA_RANK = 256
 
-#: Every ``LossFnType`` name of the protocol (PROTOCOL.md §2.4).
-LOSS_FN_NAMES: tuple[str, ...] = (
-    "cross_entropy",
-    "importance_sampling",
-    "ppo",
-    "cispo",
-    "dro",
-    "gspo",
-    "stable_reinforce",
-    "custom",
-)
+#: Every ``LossFnType`` name of the protocol (docs/design/protocol.md#loss-functions).
+LOSS_FN_NAMES: tuple[str, ...] = LOSS_FN_TYPES
 
 #: ``AdamParams`` defaults (PROTOCOL.md §2.9).
 ADAM_DEFAULTS: dict[str, float] = {
