@@ -1,4 +1,5 @@
-"""Chunk boundaries and byte estimates of forward_backward data (BEHAVIOR B26, B12; T-D1)."""
+"""Chunk boundaries and byte estimates of forward_backward data
+(docs/design/behavior.md#fwdbwd-chunking, docs/design/behavior.md#dispatch-gates)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def test_asset_pointer_estimate_is_location_length() -> None:
     assert estimate_datum_bytes(datum) == len("s3://bucket/x.jpg")
 
 
-# ------------------------------------------------------------------ boundaries (T-D1)
+# ------------------------------------------------------------------ boundaries
 
 
 def test_defaults_match_server_config_defaults() -> None:

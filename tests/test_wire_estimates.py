@@ -1,4 +1,5 @@
-"""Sampling prompt byte estimates for the dispatch byte gate (BEHAVIOR B12)."""
+"""Sampling prompt byte estimates for the dispatch byte gate
+(docs/design/behavior.md#dispatch-gates)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Metric reduction and chunk-result combination (BEHAVIOR B28, B29; tests T-D2, T-D3)."""
+"""Metric reduction and chunk-result combination (docs/design/behavior.md#combine-chunk-results,
+docs/design/behavior.md#metric-reduction)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _fbo(metrics: dict[str, float], n: int, kind: str = "ArrayRecord") -> Forwar
     )
 
 
-# ------------------------------------------------------------------ each reduction (T-D2)
+# ------------------------------------------------------------------ each reduction
 
 
 def test_mean_is_weighted_by_output_count() -> None:
@@ -73,7 +74,7 @@ def test_reductions_table() -> None:
     assert REDUCTIONS == {"mean", "sum", "min", "max", "slack", "hash2", "unique"}
 
 
-# ------------------------------------------------------------------ key handling (T-D3)
+# ------------------------------------------------------------------ key handling
 
 
 def test_only_first_chunk_keys_count_and_missing_keys_are_dropped() -> None:
@@ -126,7 +127,7 @@ def test_loss_and_loss_mean_are_unrelated_keys() -> None:
     }
 
 
-# ------------------------------------------------------------------ combine (B28)
+# ------------------------------------------------------------------ combine
 
 
 def test_combine_concatenates_outputs_and_takes_first_type() -> None:

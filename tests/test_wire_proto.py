@@ -1,4 +1,6 @@
-"""Protobuf codecs (BEHAVIOR B39, B40, B64; tests T-F2, T-F5) against our generated schema."""
+"""Protobuf codecs (docs/design/behavior.md#proto-request-encoding,
+docs/design/behavior.md#proto-result-decoding, docs/design/behavior.md#older-servers) against our
+generated schema."""
 
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ def _simple_datum(tokens: list[int]) -> Datum:
     )
 
 
-# ============================================================== request encoder (B39, T-F2)
+# ============================================================== request encoder
 
 
 def test_request_top_level_fields() -> None:
@@ -632,7 +634,7 @@ def test_decode_output_rejects_bad_records() -> None:
         _proto.decode_forward_backward_output(make()[:-3])
 
 
-# ============================================================== SampleResponse decoder (T-F5)
+# ============================================================== SampleResponse decoder
 
 
 def _topk_msg(ids: np.ndarray, lps: np.ndarray) -> Any:

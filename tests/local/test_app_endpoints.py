@@ -1,4 +1,5 @@
-"""Shapes of every endpoint the local TinkerApp serves (PROTOCOL §1), over real HTTP."""
+"""Shapes of every endpoint the local TinkerApp serves (docs/design/protocol.md#endpoints), over
+real HTTP."""
 
 from __future__ import annotations
 
@@ -360,7 +361,8 @@ def test_save_load_and_checkpoint_rest(h: Harness, model: tuple[str, str]) -> No
             "optimizer": False,
         },
     )
-    # (400, not 404: a 404/422 would make clients fall back to the legacy flow, B64)
+    # (400, not 404: a 404/422 would make clients fall back to the legacy flow,
+    # docs/design/behavior.md#older-servers)
     assert r.status == 400 and "not found" in r.json["detail"]
 
     info = h.ok("POST", "weights_info", {"tinker_path": path})

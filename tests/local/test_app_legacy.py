@@ -1,4 +1,5 @@
-"""``protocol="legacy"``: a server of an older protocol revision (BEHAVIOR B64)."""
+"""``protocol="legacy"``: a server of an older protocol revision
+(docs/design/behavior.md#older-servers)."""
 
 from __future__ import annotations
 

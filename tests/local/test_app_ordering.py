@@ -1,4 +1,5 @@
-"""Per-model seq_id ordering, duplicate submissions and gaps (PROTOCOL §7.2, §12.3-4)."""
+"""Per-model seq_id ordering, duplicate submissions and gaps
+(docs/design/protocol.md#seq-ids-and-turns, docs/design/protocol.md#open-questions)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Future polling: long polls, try_again, queue pauses, poll faults, metadata-only answers,
-the session futures poller (retrieve_futures), expiry (PROTOCOL §4)."""
+the session futures poller (retrieve_futures), expiry (docs/design/protocol.md#polling)."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ Usage::
     ranges = chunk_ranges(data)                      # [(0, 1024), (1024, 1500)]
     chunks = [data[start:stop] for start, stop in ranges]
 
-Datums are taken in order. A new chunk starts when the current one already holds ``max_len``
-datums, or when it is non-empty and adding the next datum would push its estimated size past
-``max_bytes``; a single oversized datum forms a chunk of its own (BEHAVIOR B26, PROTOCOL §7.1).
+Datums are taken in order. A new chunk starts when the current one already holds ``max_len`` datums,
+or when it is non-empty and adding the next datum would push its estimated size past ``max_bytes``;
+a single oversized datum forms a chunk of its own (docs/design/behavior.md#fwdbwd-chunking,
+docs/design/protocol.md#chunking).
 
 The estimate (:func:`estimate_datum_bytes`) is the protobuf size: each model-input chunk as
 ``_estimates.estimate_chunk_bytes`` charges it with 4 bytes per text token, plus each
@@ -117,7 +118,8 @@ def chunk_plan(
     max_len: int = DEFAULT_MAX_CHUNK_LEN,
     max_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
 ) -> list[tuple[int, int, int]]:
-    """Like :func:`chunk_ranges`, with each chunk's estimated bytes (for the byte gate, B27).
+    """Like :func:`chunk_ranges`, with each chunk's estimated bytes (for the byte gate,
+    docs/design/behavior.md#fwdbwd-byte-gate).
 
     Usage: ``for start, stop, nbytes in chunk_plan(data): ...``.
 

@@ -7,7 +7,7 @@ Usage::
     body = to_json(types.SampleRequest(...))            # the exact wire JSON (a dict)
     reply = from_json(types.CreateSessionResponse, data)  # strict, names the bad field
 
-Rules (BEHAVIOR B37/B38):
+Rules (docs/design/behavior.md#strict-converter, docs/design/behavior.md#json-encoding-rules):
 
 * Primitives are strict: ``1.9`` is not an int, ``"false"`` is not a bool, ``5`` is not a str and
   ``True`` is not an int. Ints are accepted (and widened) where a float is expected.

@@ -123,7 +123,8 @@ def _topk_from_json(value: Any, what: str) -> TopkLogprobs | None:
 def sample_response_from_json(
     obj: Mapping[str, Any], sequence_ids: Sequence[str] | None
 ) -> SampleResponse:
-    """Build a SampleResponse from a JSON result (older servers, BEHAVIOR B21 step 5).
+    """Build a SampleResponse from a JSON result (older servers,
+    docs/design/behavior.md#poll-answer-order step 5).
 
     Usage: ``sample_response_from_json(response.json(), future.sample_sequence_ids)``.
 
@@ -210,12 +211,14 @@ def sample_response_from_json(
 
 
 def forward_backward_output_from_json(obj: Mapping[str, Any]) -> ForwardBackwardOutput:
-    """Build a ForwardBackwardOutput from a JSON result (older servers, BEHAVIOR B21 step 5).
+    """Build a ForwardBackwardOutput from a JSON result (older servers,
+    docs/design/behavior.md#poll-answer-order step 5).
 
     Usage: ``forward_backward_output_from_json(response.json())``.
 
     Accepts ``loss_fn_output_type`` (default ``"ArrayRecord"``), ``loss_fn_outputs`` (a list of
-    ``{name: TensorData JSON}``) and ``metrics`` (missing or null = ``{}``, B64).
+    ``{name: TensorData JSON}``) and ``metrics`` (missing or null = ``{}``,
+    docs/design/behavior.md#older-servers).
 
     :raises ValueError | TypeError: a missing or ill-typed field.
     """

@@ -1,6 +1,7 @@
 """Client-side protobuf codecs: the forward_backward request body out, the sample and
 forward/backward results in (``docs/design/protocol.md#protobuf-schema``,
-``docs/design/behavior.md#proto-request-encoding``, ``docs/design/behavior.md#proto-result-decoding``).
+``docs/design/behavior.md#proto-request-encoding``,
+``docs/design/behavior.md#proto-result-decoding``).
 
 Usage::
 
@@ -350,7 +351,8 @@ def _decode_batched(
 
 
 def decode_forward_backward_output(payload: Buffer) -> ForwardBackwardOutput:
-    """Decode a protobuf ``ForwardBackwardOutput`` result (BEHAVIOR B40).
+    """Decode a protobuf ``ForwardBackwardOutput`` result
+    (docs/design/behavior.md#proto-result-decoding).
 
     Usage: ``decode_forward_backward_output(response.content)``.
 
@@ -514,7 +516,8 @@ def _decode_sequence(buf: Buffer, start: int, end: int, sequence_id: str | None)
 
 
 def decode_sample_response(payload: Buffer, sequence_ids: Sequence[str] | None) -> SampleResponse:
-    """Decode a protobuf ``SampleResponse`` result (BEHAVIOR B40, B16, B64).
+    """Decode a protobuf ``SampleResponse`` result (docs/design/behavior.md#proto-result-decoding,
+    docs/design/behavior.md#sampling-wire-rules, docs/design/behavior.md#older-servers).
 
     Usage: ``decode_sample_response(response.content, future.sample_sequence_ids)``.
 

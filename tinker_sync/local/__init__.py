@@ -1,4 +1,4 @@
-"""A local, protocol-faithful Tinker server (SURFACE.md §7).
+"""A local, protocol-faithful Tinker server (docs/design/local-server.md).
 
 Usage::
 

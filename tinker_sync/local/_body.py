@@ -20,7 +20,7 @@ from typing import Any
 
 from tinker_sync.local._httpapi import HttpRequest
 
-#: Checkpoint path segment -> checkpoint type (PROTOCOL §2.10).
+#: Checkpoint path segment -> checkpoint type (docs/design/protocol.md#tinker-paths).
 SEGMENT_TYPES = {
     "weights": "training",
     "sampler_weights": "sampler",

@@ -1,4 +1,4 @@
-"""Scriptable fault injection for the local server (SURFACE.md §7.3).
+"""Scriptable fault injection for the local server (docs/design/local-server.md#fault-format).
 
 Usage::
 
@@ -76,7 +76,7 @@ def _fmt_seconds(value: float) -> str:
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault rule (all keys of SURFACE.md §7.3).
+    """One fault rule (all keys of docs/design/local-server.md#fault-format).
 
     Usage: ``Fault(endpoint="asample", status=429, times=2, retry_after=0.5)``.
 
@@ -252,7 +252,8 @@ class Fault:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fault:
-        """Build a rule from a dict with the keys of SURFACE.md §7.3 (unknown keys are errors)."""
+        """Build a rule from a dict with the keys of docs/design/local-server.md#fault-format
+        (unknown keys are errors)."""
         if not isinstance(data, Mapping):
             raise TypeError(f"a fault rule dict must be a mapping, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}

@@ -6,8 +6,9 @@ Usage::
     token = signer.issue({"sub": "tml:user:local"}, ttl_s=3600.0, now=time.time())
     claims = signer.verify(token, now=time.time())   # None when invalid or expired
 
-Only what the Tinker protocol needs (PROTOCOL §3.3): ``exp``, ``iat``, ``sub``, ``org_id``,
-``email``, ``iss``. Tokens are signed with a per-``data_dir`` secret, so they survive a restart.
+Only what the Tinker protocol needs (docs/design/protocol.md#authentication): ``exp``, ``iat``,
+``sub``, ``org_id``, ``email``, ``iss``. Tokens are signed with a per-``data_dir`` secret, so they
+survive a restart.
 
 Thread safety: :class:`JwtSigner` is immutable and safe to share. Fork safety: plain data.
 """

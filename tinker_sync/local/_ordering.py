@@ -1,4 +1,5 @@
-"""Strict seq_id ordering for one model's requests (PROTOCOL §7.2, §12.3-4).
+"""Strict seq_id ordering for one model's requests (docs/design/protocol.md#seq-ids-and-turns,
+docs/design/protocol.md#open-questions).
 
 Usage::
 

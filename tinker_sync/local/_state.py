@@ -30,7 +30,8 @@ from tinker_sync.local.backends.base import LoraSpec, Sampler, TrainableModel
 
 FutureState = Literal["pending", "done", "failed"]
 
-#: Request kinds as the SDK names them in ``X-Tinker-Request-Type`` (PROTOCOL §4.2).
+#: Request kinds as the SDK names them in ``X-Tinker-Request-Type``
+#: (docs/design/protocol.md#retrieve-future).
 KINDS = (
     "CreateModel",
     "ForwardBackward",

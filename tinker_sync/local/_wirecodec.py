@@ -1,4 +1,5 @@
-"""Server-side wire codec of the local server: requests in, results out (PROTOCOL §2).
+"""Server-side wire codec of the local server: requests in, results out
+(docs/design/protocol.md#body-encodings).
 
 Usage::
 
@@ -60,7 +61,7 @@ class FwdBwdRequest:
 
 
 def _dmel_length(blob: bytes) -> int:
-    """Dim 0 of a serialized TensorContainer header (PROTOCOL §2.1)."""
+    """Dim 0 of a serialized TensorContainer header (docs/design/protocol.md#model-input)."""
     pos = 0
     if blob[:1] == b"\xfe":
         pos = 1

@@ -1,4 +1,5 @@
-"""``LocalServer``: a protocol-faithful Tinker server on loopback (SURFACE.md §7.1).
+"""``LocalServer``: a protocol-faithful Tinker server on loopback
+(docs/design/local-server.md#localserver).
 
 Usage::
 
@@ -60,14 +61,14 @@ class LocalServer:
 
     Usage: ``with LocalServer() as server: ...`` (or ``server = LocalServer().start()``).
 
-    Params (SURFACE.md §7.1): ``backend``; ``host``/``port`` (0 = any free port); ``api_key``
-    (None accepts any ``tml-`` key); ``data_dir`` (None = a temporary directory removed on
-    stop); ``faults`` (a FaultPlan, or Fault / dict / compact-string specs); ``client_config``
-    (overrides of the reported client flags); ``long_poll_s``; ``work_delay_s`` (simulated time
-    per future); ``heartbeat_expiry_s``; ``models``; ``accept_any_model``; ``seed``;
+    Params (docs/design/local-server.md#localserver): ``backend``; ``host``/``port`` (0 = any free
+    port); ``api_key`` (None accepts any ``tml-`` key); ``data_dir`` (None = a temporary directory
+    removed on stop); ``faults`` (a FaultPlan, or Fault / dict / compact-string specs);
+    ``client_config`` (overrides of the reported client flags); ``long_poll_s``; ``work_delay_s``
+    (simulated time per future); ``heartbeat_expiry_s``; ``models``; ``accept_any_model``; ``seed``;
     ``in_subprocess``; ``protocol`` (``"current"`` or ``"legacy"``). Beyond the spec:
-    ``gap_grace_s`` (how long a model waits for a missing seq_id before skipping it, default
-    30 s) and ``metadata_threshold_bytes`` (results above this size are first announced with a
+    ``gap_grace_s`` (how long a model waits for a missing seq_id before skipping it, default 30 s)
+    and ``metadata_threshold_bytes`` (results above this size are first announced with a
     metadata-only answer, default 4 MiB).
 
     With ``in_subprocess=True`` the rules and the log live in the child: ``faults`` and

@@ -43,7 +43,7 @@ MAX_LORA_RANK = 256
 #: Every ``LossFnType`` name of the protocol (docs/design/protocol.md#loss-functions).
 LOSS_FN_NAMES: tuple[str, ...] = LOSS_FN_TYPES
 
-#: ``AdamParams`` defaults (PROTOCOL.md §2.9).
+#: ``AdamParams`` defaults (docs/design/protocol.md#sampling-params).
 ADAM_DEFAULTS: dict[str, float] = {
     "learning_rate": 1e-4,
     "beta1": 0.9,

@@ -1,4 +1,4 @@
-"""Per-token loss maths of PROTOCOL.md Appendix A, shared by the local backends.
+"""Per-token loss maths of docs/design/local-server.md#loss-semantics, shared by the local backends.
 
 Usage::
 

@@ -9,10 +9,11 @@ Usage::
     sampler = backend.sampler("tinker-sync/tiny", model.sampler_weights())
     result = sampler.sample(prompt, SampleOptions(max_tokens=20, temperature=0.0))
 
-Losses (PROTOCOL.md Appendix A): ``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo``,
-``dro``. ``gspo``, ``stable_reinforce``, ``custom`` (client-side only) and unknown names are
-refused with :class:`UserError`, as is any optimizer other than AdamW (e.g. Dimuon).
-Gradients of the summed loss accumulate over ``forward_backward`` calls until ``optim_step``.
+Losses (:data:`TINY_LOSSES`, maths in docs/design/local-server.md#loss-semantics):
+``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo``, ``dro``, ``gspo`` and
+``stable_reinforce``. ``custom`` (client-side only) and unknown names are refused with
+:class:`UserError`, as is any optimizer other than AdamW (e.g. Dimuon). Gradients of the summed
+loss accumulate over ``forward_backward`` calls until ``optim_step``.
 
 Thread safety: a :class:`TinyModel` is used from one thread at a time; :class:`TinySampler` and
 the backend are safe to share. Fork safety: plain numpy data, no threads or locks.
