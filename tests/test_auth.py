@@ -1,4 +1,5 @@
-"""Tests for tinker_sync._auth: JWT caching and refresh windows on the fake clock (T-J2)."""
+"""Tests for tinker_sync._auth: JWT caching and refresh windows on the fake clock
+(docs/design/behavior.md#jwt-auth)."""
 
 from __future__ import annotations
 

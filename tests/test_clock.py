@@ -182,7 +182,8 @@ def test_exit_event_is_not_set_during_tests() -> None:
 
 @pytest.mark.slow
 def test_interpreter_exit_interrupts_sleeps_in_pool_threads() -> None:
-    """B55: a script whose ThreadPoolExecutor job sleeps/waits an hour still exits promptly."""
+    """A script whose ThreadPoolExecutor job sleeps/waits an hour still exits promptly
+    (docs/design/behavior.md#fast-interpreter-exit)."""
     script = textwrap.dedent(
         """
         import threading
@@ -211,7 +212,8 @@ def test_interpreter_exit_interrupts_sleeps_in_pool_threads() -> None:
 
 
 def test_daemon_threads_wait_without_waking_for_exit_checks() -> None:
-    """SDK workers are daemon threads: a parked waiter must not wake twice a second (B13)."""
+    """SDK workers are daemon threads: a parked waiter must not wake twice a second
+    (docs/design/behavior.md#shared-backoff)."""
     import threading as _threading
 
     from tinker_sync._clock import SYSTEM_CLOCK

@@ -1,4 +1,5 @@
-"""Tests of tinker_sync._wire._converter: strict JSON parsing and the exact wire JSON (B37/B38)."""
+"""Tests of tinker_sync._wire._converter: strict JSON parsing and the exact wire JSON
+(docs/design/behavior.md#strict-converter, docs/design/behavior.md#json-encoding-rules)."""
 
 import datetime as dt
 import json
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from tinker_sync import types as T
 from tinker_sync._wire._converter import WireValidationError, converter, from_json, to_json
 
-# -- strict primitives (T-F3) ------------------------------------------------------------------
+# -- strict primitives ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -146,7 +147,7 @@ def test_error_pickles():
         pytest.fail("no error")
 
 
-# -- to_json rules (B38) ---------------------------------------------------------------------------
+# -- to_json rules ---------------------------------------------------------------------------
 
 
 def test_defaults_sent_none_dropped():

@@ -1,4 +1,5 @@
-"""forward_backward_custom against the real local server (T-A10, B9; needs torch)."""
+"""forward_backward_custom against the real local server
+(docs/design/behavior.md#client-side-custom-loss; needs torch)."""
 
 from __future__ import annotations
 
@@ -66,8 +67,11 @@ def rig():  # type: ignore[no-untyped-def]
 
 
 def test_successful_custom_loss_renames_metrics_and_sends_gradients(rig) -> None:
-    """B9: 2C ids (forward chunks, then backward chunks on the same boundaries); the server's
-    loss:sum becomes surrogate_loss:sum; user metrics merged; loss:sum is the user's loss."""
+    """2C ids (forward chunks, then backward chunks on the same boundaries); the server's
+    loss:sum becomes surrogate_loss:sum; user metrics merged; loss:sum is the user's loss.
+
+    See docs/design/behavior.md#client-side-custom-loss.
+    """
     server, training = rig
     data = [datum(offset=i) for i in range(5)]  # chunk length 2: C = 3 chunks
     out = training.forward_backward_custom(data, weighted_loss(0.5)).result(HANG)
@@ -90,8 +94,11 @@ def test_successful_custom_loss_renames_metrics_and_sends_gradients(rig) -> None
 
 
 def test_a_failing_user_loss_fails_only_its_op_and_fills_its_ids(rig) -> None:
-    """T-A10 (B9): the backward chunks still go out with zero weights (seq_ids filled); the
-    op fails with the user's exception; later ops complete and the client stays usable."""
+    """The backward chunks still go out with zero weights (seq_ids filled); the
+    op fails with the user's exception; later ops complete and the client stays usable.
+
+    See docs/design/behavior.md#client-side-custom-loss.
+    """
     server, training = rig
     boom = ValueError("user loss exploded")
 
@@ -121,8 +128,11 @@ def test_a_failing_user_loss_fails_only_its_op_and_fills_its_ids(rig) -> None:
 
 
 def test_a_failed_forward_pass_still_fills_the_backward_ids(rig) -> None:
-    """B9: when the server fails the forward pass, zero-weight backward chunks are still sent
-    and the op fails with the server's error."""
+    """When the server fails the forward pass, zero-weight backward chunks are still sent
+    and the op fails with the server's error.
+
+    See docs/design/behavior.md#client-side-custom-loss.
+    """
     server, training = rig
     server.faults.add("retrieve_future fail:user match.request_type=Forward")
     failed = training.forward_backward_custom([datum()], weighted_loss(1.0))
@@ -136,7 +146,8 @@ def test_a_failed_forward_pass_still_fills_the_backward_ids(rig) -> None:
 
 
 def test_loss_type_input_and_argument_checks(rig) -> None:
-    """§2.2: ``loss_type_input="logprobs"`` warns; other values and bad data raise at once."""
+    """``loss_type_input="logprobs"`` warns; other values and bad data raise at once
+    (docs/design/surface.md#training-client)."""
     server, training = rig
     with pytest.warns(DeprecationWarning):
         fut = training.forward_backward_custom(
@@ -155,11 +166,13 @@ def test_loss_type_input_and_argument_checks(rig) -> None:
             [types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={})],
             weighted_loss(1.0),
         )
-    assert training._sequencer.next_seq_id == before  # validation consumed no id (B2)
+    # Validation consumed no id (docs/design/behavior.md#validate-before-reserving).
+    assert training._sequencer.next_seq_id == before
 
 
 def test_a_loss_handle_runs_client_side(rig) -> None:
-    """§2.1: create_custom_loss (alpha) warns and returns a handle run client-side."""
+    """``create_custom_loss`` (alpha) warns and returns a handle run client-side
+    (docs/design/surface.md#service-client)."""
     server, training = rig
     service = training._service
     with pytest.warns(tinker_sync.ExperimentalWarning):

@@ -1,4 +1,6 @@
-"""APIFuture is a real concurrent.futures.Future (B18, B19, B6; parts of T-C1, T-C5, T-I2)."""
+"""APIFuture is a real concurrent.futures.Future (docs/design/behavior.md#apifuture-is-a-future,
+docs/design/behavior.md#never-drop-a-failure, docs/design/behavior.md#training-not-cancellable,
+docs/design/behavior.md#inherited-futures-fail-fast)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Older protocol revisions (B64, T-L1 training half) against ``LocalServer(protocol="legacy")``.
+"""Older protocol revisions, the training half (docs/design/behavior.md#older-servers), against
+``LocalServer(protocol="legacy")``.
 
 The legacy server sends JSON results only, empty metrics, and answers create-via-load with
 422; the SDK must train, checkpoint and resume through the older flow, remembering the choice
@@ -41,7 +42,8 @@ def legacy():  # type: ignore[no-untyped-def]
 
 
 def test_a_full_supervised_loop_runs_on_a_legacy_server(legacy) -> None:
-    """T-L1 (B64): pipelined fwd/bwd + optim_step, checkpoints and a sampler, all on JSON."""
+    """Pipelined fwd/bwd + optim_step, checkpoints and a sampler, all on JSON
+    (docs/design/behavior.md#older-servers)."""
     with tinker_sync.ServiceClient(base_url=legacy.url, api_key=legacy.api_key) as service:
         training = service.create_lora_training_client("base", rank=4)
         info = training.get_info()
@@ -71,8 +73,11 @@ def test_a_full_supervised_loop_runs_on_a_legacy_server(legacy) -> None:
 
 
 def test_resume_falls_back_to_the_older_flow_once_per_server(legacy, caplog) -> None:
-    """T-L1 (B64): create-via-load answered 422 -> weights_info, create_model, load_weights
-    (model_id + seq_id); the choice is remembered for the server and logged once at INFO."""
+    """Create-via-load answered 422 -> weights_info, create_model, load_weights
+    (model_id + seq_id); the choice is remembered for the server and logged once at INFO.
+
+    See docs/design/behavior.md#older-servers.
+    """
     with tinker_sync.ServiceClient(base_url=legacy.url, api_key=legacy.api_key) as service:
         training = service.create_lora_training_client("base", rank=4, train_unembed=False)
         training.forward_backward(batch(0), "cross_entropy")
@@ -107,7 +112,8 @@ def test_resume_falls_back_to_the_older_flow_once_per_server(legacy, caplog) -> 
 
 
 def test_current_servers_keep_create_via_load(server, service) -> None:
-    """B64: the fallback is per server; a current server keeps the one-request flow."""
+    """The fallback is per server; a current server keeps the one-request flow
+    (docs/design/behavior.md#older-servers)."""
     training = service.create_lora_training_client("base", rank=4)
     path = training.save_state("ckpt").result(HANG).path
     resumed = service.create_training_client_from_state_with_optimizer(path)

@@ -1,4 +1,6 @@
-"""The public surface: ``__all__`` (SURFACE §1.1), lazy cheap import (§1), official names (§1.2)."""
+"""The public surface: ``__all__`` (docs/design/surface.md#top-level-exports), lazy cheap import
+(docs/design/surface.md#package-layout), official names
+(docs/design/surface.md#running-official-scripts)."""
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ COMMON_TYPES = {
     "TensorDtype",
     "TrainingRun",
 }
-EXCEPTIONS = {  # SURFACE §4
+EXCEPTIONS = {  # docs/design/surface.md#exceptions
     "TinkerError",
     "APIError",
     "APIStatusError",
@@ -125,7 +127,8 @@ def test_every_name_resolves_to_the_right_kind() -> None:
 
 
 def test_import_is_cheap_and_starts_no_thread() -> None:
-    """§1: ``import tinker_sync`` imports no numpy/requests/torch/attrs and starts no thread."""
+    """``import tinker_sync`` imports no numpy/requests/torch/attrs and starts no thread
+    (docs/design/surface.md#package-layout)."""
     code = textwrap.dedent(
         """
         import json, sys, threading
@@ -155,15 +158,19 @@ def _official(cls_name: str) -> type:
     return getattr(tinker, cls_name)  # type: ignore[no-any-return]
 
 
-# Documented differences (SURFACE §1.3, §1.4).
+# Documented differences (docs/design/surface.md#documented-differences,
+# docs/design/surface.md#out-of-scope).
 _SIGNATURE_EXCEPTIONS = {("ServiceClient", "close")}  # status defaults to "success"
 _OUT_OF_SCOPE = {"get_telemetry"}
 
 
 @pytest.mark.parametrize("cls_name", ["ServiceClient", "TrainingClient"])
 def test_official_method_names_and_signatures_are_kept(cls_name: str) -> None:
-    """§1.2: every public method of the official client exists with the same parameter
-    names, order, kinds and defaults (so ``import tinker_sync as tinker`` scripts run)."""
+    """Every public method of the official client exists with the same parameter
+    names, order, kinds and defaults (so ``import tinker_sync as tinker`` scripts run).
+
+    See docs/design/surface.md#running-official-scripts.
+    """
     official = _official(cls_name)
     ours = getattr(tinker_sync, cls_name)
     checked = 0

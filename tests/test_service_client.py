@@ -1,4 +1,6 @@
-"""ServiceClient and the future surface against the real local server (T-C1, B17, B18).
+"""ServiceClient and the future surface against the real local server
+(docs/design/behavior.md#official-names-and-async-aliases,
+docs/design/behavior.md#apifuture-is-a-future).
 
 The ``*_async`` aliases must never block the event loop: every request they cause is sent
 from an SDK thread (a per-client hook records the sending thread), and a loop heartbeat keeps
@@ -50,7 +52,8 @@ class ThreadRecorder:
 
 
 def test_wait_as_completed_callbacks_and_result_timeout(server, service) -> None:
-    """T-C1 (B18): stdlib helpers work on server futures; result(timeout) cancels nothing."""
+    """Stdlib helpers work on server futures; result(timeout) cancels nothing
+    (docs/design/behavior.md#apifuture-is-a-future)."""
     training = service.create_lora_training_client("base", rank=4)
     futs = [training.forward_backward([datum(offset=i)], "cross_entropy") for i in range(5)]
     futs.append(training.optim_step(types.AdamParams()))
@@ -81,7 +84,8 @@ def test_wait_as_completed_callbacks_and_result_timeout(server, service) -> None
 
 
 def test_await_result_async_and_coroutine(server, service) -> None:
-    """T-C1 (B18): ``await fut``, ``result_async``, ``coroutine()`` on server futures."""
+    """``await fut``, ``result_async``, ``coroutine()`` on server futures
+    (docs/design/behavior.md#apifuture-is-a-future)."""
     training = service.create_lora_training_client("base", rank=4)
 
     async def main() -> list[Any]:
@@ -101,7 +105,8 @@ def test_await_result_async_and_coroutine(server, service) -> None:
 
 
 def test_blocking_result_inside_a_loop_warns_once(server, service, caplog) -> None:
-    """B18: a blocking result() inside a running loop logs one WARNING and still blocks."""
+    """A blocking result() inside a running loop logs one WARNING and still blocks
+    (docs/design/behavior.md#apifuture-is-a-future)."""
     training = service.create_lora_training_client("base", rank=4)
 
     async def main() -> Any:
@@ -116,8 +121,11 @@ def test_blocking_result_inside_a_loop_warns_once(server, service, caplog) -> No
 
 
 def test_every_async_alias_resolves_to_its_official_shape_off_the_loop(server) -> None:
-    """T-C1 (B17): training aliases resolve to the APIFuture ("await twice"), creation aliases
-    to clients, value aliases to values; no request is ever sent from the loop's thread."""
+    """Training aliases resolve to the APIFuture ("await twice"), creation aliases
+    to clients, value aliases to values; no request is ever sent from the loop's thread.
+
+    See docs/design/behavior.md#official-names-and-async-aliases.
+    """
     pytest.importorskip("torch")
     recorder = ThreadRecorder()
     service = tinker_sync.ServiceClient(
@@ -209,8 +217,11 @@ def test_every_async_alias_resolves_to_its_official_shape_off_the_loop(server) -
 
 
 def test_a_held_creation_alias_leaves_the_loop_running(server, service) -> None:
-    """T-C1 (B17): while create_lora_training_client_async waits on a paused server, a loop
-    heartbeat keeps ticking; resuming the server completes the alias."""
+    """While create_lora_training_client_async waits on a paused server, a loop
+    heartbeat keeps ticking; resuming the server completes the alias.
+
+    See docs/design/behavior.md#official-names-and-async-aliases.
+    """
     watchdog_fired = threading.Event()
 
     def watchdog() -> None:
@@ -252,7 +263,8 @@ def test_a_held_creation_alias_leaves_the_loop_running(server, service) -> None:
 
 
 def test_creation_methods_return_clients_with_a_result_noop(server, service) -> None:
-    """B8/§1.2: creation blocks and returns the client; ``.result()`` returns it at once."""
+    """Creation blocks and returns the client; ``.result()`` returns it at once
+    (docs/design/surface.md#running-official-scripts)."""
     training = service.create_lora_training_client("base", rank=4)
     assert training.result() is training
     sampler = service.create_sampling_client(base_model="base")
@@ -261,7 +273,8 @@ def test_creation_methods_return_clients_with_a_result_noop(server, service) -> 
 
 
 def test_argument_errors_are_synchronous_and_send_nothing(server, service) -> None:
-    """§2: ValueError/TypeError at call time, before anything is queued."""
+    """ValueError/TypeError at call time, before anything is queued
+    (docs/design/surface.md#clients)."""
     with pytest.raises(ValueError):
         service.create_lora_training_client(
             "base", train_mlp=False, train_attn=False, train_unembed=False
@@ -275,7 +288,8 @@ def test_argument_errors_are_synchronous_and_send_nothing(server, service) -> No
 
 
 def test_unknown_kwargs_warn_and_are_ignored(server) -> None:
-    """B59: unknown constructor kwargs give a FutureWarning naming them."""
+    """Unknown constructor kwargs give a FutureWarning naming them
+    (docs/design/behavior.md#constructor-knobs)."""
     with pytest.warns(FutureWarning, match="frobnicate"):
         service = tinker_sync.ServiceClient(
             base_url=server.url, api_key=server.api_key, frobnicate=True
@@ -284,7 +298,8 @@ def test_unknown_kwargs_warn_and_are_ignored(server) -> None:
 
 
 def test_console_urls(server, service) -> None:
-    """§2.1: sessions list before a session exists, then the session's page."""
+    """Sessions list before a session exists, then the session's page
+    (docs/design/surface.md#service-client)."""
     assert service.get_console_url().endswith("/sessions")
     training = service.create_lora_training_client("base", rank=4)
     assert service.get_console_url().endswith(f"/sessions/{service._session.session_id}")
@@ -292,7 +307,8 @@ def test_console_urls(server, service) -> None:
 
 
 def test_two_service_clients_get_separate_sessions(server) -> None:
-    """B8: each ServiceClient owns its session and counters."""
+    """Each ServiceClient owns its session and counters
+    (docs/design/behavior.md#blocking-creation-and-session-counters)."""
     with (
         tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as a,
         tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as b,

@@ -1,4 +1,5 @@
-"""Tests of tinker_sync.types: construction, validation, helpers (T-F3, T-F4 of BEHAVIOR.md)."""
+"""Tests of tinker_sync.types: construction, validation, helpers
+(docs/design/behavior.md#strict-converter, docs/design/behavior.md#data-helpers)."""
 
 import base64
 import datetime as dt
@@ -14,7 +15,7 @@ import pytest
 from tinker_sync import types as T
 from tinker_sync.exceptions import RequestErrorCategory
 
-# -- construction rules (T-F3) ----------------------------------------------------------------
+# -- construction rules ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -305,7 +306,7 @@ def test_model_input_accepts_chunk_dicts_by_tag():
         T.ModelInput(chunks=[5])  # type: ignore[list-item]
 
 
-# -- TensorData (T-F4) ----------------------------------------------------------------------------
+# -- TensorData ----------------------------------------------------------------------------
 
 
 def test_tensor_data_requires_dtype():

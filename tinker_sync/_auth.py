@@ -1,4 +1,5 @@
-"""JWT auth (server ``pjwt_auth_enabled``): exchange, caching, refresh, single-flight (B58).
+"""JWT auth (server ``pjwt_auth_enabled``): exchange, caching, refresh, single-flight
+(docs/design/behavior.md#jwt-auth).
 
 Usage::
 

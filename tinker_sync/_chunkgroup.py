@@ -28,7 +28,9 @@ __all__ = ["ChunkGroup"]
 
 
 class ChunkGroup:
-    """Settles one operation's future from its chunks' outcomes (B5, B28).
+    """Settles one operation's future from its chunks' outcomes
+    (docs/design/behavior.md#failed-send-fails-one-op,
+    docs/design/behavior.md#combine-chunk-results).
 
     Completion happens in done-callbacks plus a countdown; no worker ever blocks on a sibling.
     """

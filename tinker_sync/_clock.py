@@ -17,10 +17,10 @@ Usage::
 Every wait in the SDK goes through a :class:`Clock` so that tests can assert the exact delays
 requested (``FakeClock.sleeps``) without wall-clock races.
 
-Exit (B55): :data:`EXIT_EVENT` is set when the interpreter starts shutting down, *before*
-``concurrent.futures`` joins its worker threads, so that backoff sleeps and timed waits on
-:data:`SYSTEM_CLOCK` return within about half a second and a finished script exits promptly.
-:func:`register_exit_callback` adds work to that moment (e.g. closing pools).
+Exit (docs/design/behavior.md#fast-interpreter-exit): :data:`EXIT_EVENT` is set when the interpreter
+starts shutting down, *before* ``concurrent.futures`` joins its worker threads, so that backoff
+sleeps and timed waits on :data:`SYSTEM_CLOCK` return within about half a second and a finished
+script exits promptly. :func:`register_exit_callback` adds work to that moment (e.g. closing pools).
 
 Thread safety: both clocks may be used from any thread. Fork safety: plain state; the exit event
 is recreated unset in a forked child.
@@ -164,9 +164,9 @@ class SystemClock:
     def wait(self, cond: Waitable, timeout: float | None) -> bool:
         """Wait on ``cond`` (held Condition, or Event).
 
-        Daemon threads (every SDK worker) wait the whole timeout: the interpreter never waits
-        for them, and slicing would wake each parked waiter twice a second. Other threads wait
-        in slices so that interpreter exit is noticed (B55).
+        Daemon threads (every SDK worker) wait the whole timeout: the interpreter never waits for
+        them, and slicing would wake each parked waiter twice a second. Other threads wait in slices
+        so that interpreter exit is noticed (docs/design/behavior.md#fast-interpreter-exit).
         """
         if EXIT_EVENT.is_set():
             return bool(cond.wait(0))

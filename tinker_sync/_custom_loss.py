@@ -1,4 +1,5 @@
-"""Client-side custom loss for ``TrainingClient.forward_backward_custom`` (B9, needs torch).
+"""Client-side custom loss for ``TrainingClient.forward_backward_custom``
+(docs/design/behavior.md#client-side-custom-loss, needs torch).
 
 Protocol (the official two-pass flow): reserve 2C seq_ids at once; send C forward-only
 ``cross_entropy`` chunks; run the user's loss on per-datum logprob tensors with autograd; send

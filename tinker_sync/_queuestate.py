@@ -1,4 +1,4 @@
-"""Debounced queue-state reporting (B62).
+"""Debounced queue-state reporting (docs/design/behavior.md#queue-state-reports).
 
 Usage::
 

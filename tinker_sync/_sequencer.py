@@ -4,12 +4,14 @@ Usage (inside TrainingClient)::
 
     seq_ids = sequencer.reserve(n_chunks, job)   # caller's thread, under the client's lock
 
-``reserve`` takes the next ``n`` seq_ids and appends ``job`` to a FIFO in one critical section,
-so the order in which threads call a TrainingClient is the order its requests leave. One sender
-thread per client drains the FIFO and runs each job *inside its turn*: the job sends its
-chunks (with all their retries) and returns once every chunk is accepted or has failed for
-good; polling then runs concurrently elsewhere (B3, B4). A job never raises into the sender: it
-fails its own future and the next job takes the next ids (B5).
+``reserve`` takes the next ``n`` seq_ids and appends ``job`` to a FIFO in one critical section, so
+the order in which threads call a TrainingClient is the order its requests leave. One sender thread
+per client drains the FIFO and runs each job *inside its turn*: the job sends its chunks (with all
+their retries) and returns once every chunk is accepted or has failed for good; polling then runs
+concurrently elsewhere (docs/design/behavior.md#send-order-and-chunk-fanout,
+docs/design/behavior.md#turn-covers-send-and-retries). A job never raises into the sender: it fails
+its own future and the next job takes the next ids
+(docs/design/behavior.md#failed-send-fails-one-op).
 
 Invariants the tests check (notes/sequencer.md): seq_ids start at 1, are contiguous across
 ops, are never reused; op n+1's first send starts after op n's last acceptance or failure; no

@@ -9,9 +9,10 @@ Usage::
 Creation methods block and return the client (0.2x style); ``.result()`` on the returned client
 returns it at once, so 0.38-style ``create_...(...).result()`` also runs.
 
-Thread safety: share freely; the session starts once however many threads race (B45).
-Fork safety: in a forked child the REST helpers work, while ``create_*`` methods start a new
-session only if this client was never started in the parent, else raise ForkedProcessError.
+Thread safety: share freely; the session starts once however many threads race
+(docs/design/behavior.md#lazy-single-init). Fork safety: in a forked child the REST helpers work,
+while ``create_*`` methods start a new session only if this client was never started in the parent,
+else raise ForkedProcessError.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tinker_sync.service")
 
-#: Servers known to answer create-via-load with 404/422 (B64): they get the older flow.
+#: Servers known to answer create-via-load with 404/422 (docs/design/behavior.md#older-servers):
+#: they get the older flow.
 _legacy_load_servers: set[str] = set()
 _legacy_lock = threading.Lock()
 
@@ -543,7 +545,7 @@ class ServiceClient:
         base = "https://tinker-console.thinkingmachines.ai"
         return f"{base}/sessions/{sid}" if sid else f"{base}/sessions"
 
-    # ---------------------------------------------------------------- lifecycle (B47)
+    # ---------------------------------------------------------------- lifecycle
 
     def close(
         self,
@@ -649,7 +651,8 @@ def _pending_sampling_client(future: APIFuture[SamplingClient]) -> SamplingClien
 
 
 def _rejects_request_shape(exc: NotFoundError | UnprocessableEntityError) -> bool:
-    """True when a create-via-load was refused for its shape, not for a missing resource (B64).
+    """True when a create-via-load was refused for its shape, not for a missing resource
+    (docs/design/behavior.md#older-servers).
 
     A 422 always means the server does not understand the request; a 404 only when it is
     about the route itself (an older server without the endpoint), not a missing checkpoint.

@@ -1,4 +1,5 @@
-"""JSON conformance against the official ``tinker`` SDK (the oracle), T-F1 of BEHAVIOR.md.
+"""JSON conformance against the official ``tinker`` SDK (the oracle),
+docs/design/behavior.md#json-encoding-rules.
 
 * Every request type: our ``to_json`` equals the official ``model_dump(mode="json",
   exclude_none=True)`` (what every official ``resources/*.py`` call sends).
@@ -905,7 +906,7 @@ def test_official_reply_parses(official: Any) -> None:
 
 # -- field names and defaults ---------------------------------------------------------------------------
 
-# Deliberate, documented differences (see the report / SURFACE.md).
+# Deliberate, documented differences (docs/design/behavior.md#deliberate-differences).
 _DEFAULT_DIFFS = {
     ("SampleRequest", "prompt_logprobs"),  # always sent: False, not None
     ("SampleRequest", "record_stability_info"),

@@ -1,4 +1,5 @@
-"""Metric reduction against the official 0.38 reducer (BEHAVIOR B28, B29; test T-D2).
+"""Metric reduction against the official 0.38 reducer
+(docs/design/behavior.md#combine-chunk-results, docs/design/behavior.md#metric-reduction).
 
 Golden fixtures carry hand-computed expectations; each is also run through the official
 ``combine_fwd_bwd_output_results`` so that ours and theirs must agree value for value and type

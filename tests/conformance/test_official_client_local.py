@@ -1,4 +1,5 @@
-"""The OFFICIAL ``tinker`` SDK (0.38.0) as a client of ``tinker_sync.local`` (SURFACE §7).
+"""The OFFICIAL ``tinker`` SDK (0.38.0) as a client of ``tinker_sync.local``
+(docs/design/local-server.md).
 
 The official client's sync API runs its own event-loop thread; it talks to a real LocalServer on
 127.0.0.1. These tests prove the local server speaks the protocol the official SDK expects:

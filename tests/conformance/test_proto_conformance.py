@@ -1,4 +1,5 @@
-"""Our protobuf codecs against the official SDK (BEHAVIOR B39, B40; test T-F2).
+"""Our protobuf codecs against the official SDK (docs/design/behavior.md#proto-request-encoding,
+docs/design/behavior.md#proto-result-decoding).
 
 * Requests: our bytes, parsed with the OFFICIAL descriptor, equal the message the official
   request converter builds from the equivalent official types.

@@ -12,7 +12,7 @@ import numpy as np
 
 from tinker_sync import types
 
-#: Hang guard (BEHAVIOR "Tests that must exist": hang guards are >= 60 s and fail the test).
+#: Hang guard: generous, and a hang fails the test (docs/design/behavior.md#how-tests-check).
 HANG = 60.0
 
 

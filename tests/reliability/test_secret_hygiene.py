@@ -1,4 +1,5 @@
-"""No secret leaks (B60, T-J3): logs, reprs, exceptions, pickles, sampler handles, hooks.
+"""No secret leaks (docs/design/behavior.md#secrets-never-leak): logs, reprs, exceptions, pickles,
+sampler handles, hooks.
 
 One representative workload -- training, sampling, REST, retried faults, failed requests --
 runs with DEBUG logging for ``tinker_sync`` and ``urllib3`` captured twice (pytest's caplog and

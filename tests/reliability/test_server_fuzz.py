@@ -1,4 +1,5 @@
-"""Fuzz the local server's endpoints (PROTOCOL §1.0) with malformed JSON and protobuf bodies.
+"""Fuzz the local server's endpoints (docs/design/protocol.md#endpoints) with malformed JSON and
+protobuf bodies.
 
 Invariants for every request: no 5xx, no hang (each request has a 15 s read timeout while the
 server long-polls for at most 0.5 s), and every 4xx carries a non-empty JSON error body. Bodies

@@ -1,4 +1,4 @@
-"""Request bodies and protocol replies of the Tinker HTTP API (PROTOCOL.md section 1).
+"""Request bodies and protocol replies of the Tinker HTTP API (docs/design/protocol.md#endpoints).
 
 Request JSON is ``to_json(request)``: defaults (including the ``type`` discriminators) are sent,
 None is dropped except the null allowlist (finish ``detail``, TTL ``ttl_seconds``).
