@@ -1,5 +1,8 @@
 """Session search, billing, storage usage and audit types (official names; used by later REST
-and admin calls)."""
+and admin calls).
+
+Thread safety: every type here is immutable and safe to share. Fork safety: plain data.
+"""
 
 import datetime as _dt
 from typing import Any, Literal, TypeAlias
@@ -57,30 +60,21 @@ FinishReasonType: TypeAlias = Literal["success", "errored", "interrupted"]
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class OwnSearchOwner(TinkerRequest):
-    """Search the caller's own sessions.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Search the caller's own sessions."""
 
     type: Literal["own"] = "own"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class AccessibleSearchOwner(TinkerRequest):
-    """Search every session the caller can access.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Search every session the caller can access."""
 
     type: Literal["accessible"] = "accessible"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class UserSearchOwner(TinkerRequest):
-    """Search the sessions of 1 to 10 named users.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Search the sessions of 1 to 10 named users."""
 
     type: Literal["user"] = "user"
     owner_urns: list[str]
@@ -91,40 +85,28 @@ SearchOwner: TypeAlias = OwnSearchOwner | AccessibleSearchOwner | UserSearchOwne
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ActiveSessionStatusQuery(TinkerRequest):
-    """Match active sessions.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Match active sessions."""
 
     type: Literal["active"] = "active"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CancelledSessionStatusQuery(TinkerRequest):
-    """Match cancelled sessions.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Match cancelled sessions."""
 
     type: Literal["cancelled"] = "cancelled"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class FailedSessionStatusQuery(TinkerRequest):
-    """Match failed sessions.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Match failed sessions."""
 
     type: Literal["failed"] = "failed"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ClientFinishedSessionStatusQuery(TinkerRequest):
-    """Match sessions the client finished (optionally only for some reasons).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Match sessions the client finished (optionally only for some reasons)."""
 
     type: Literal["client_finished"] = "client_finished"
     reasons: list[FinishReasonType] | None = None
@@ -140,10 +122,7 @@ SessionStatusQuery: TypeAlias = (
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionSearchCursor(TinkerModel):
-    """Opaque keyset cursor of a session search.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Opaque keyset cursor of a session search."""
 
     last_created_at: _dt.datetime
     last_session_id: str
@@ -151,10 +130,7 @@ class SessionSearchCursor(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionSearchRequest(TinkerRequest):
-    """Body of ``POST /api/v1/sessions/search`` (experimental).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/sessions/search`` (experimental)."""
 
     session_id: str | None = None
     project_ids: list[str] | None = None
@@ -171,20 +147,14 @@ class SessionSearchRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionActive(TinkerModel):
-    """Status of a running session.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Status of a running session."""
 
     type: Literal["active"] = "active"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionCancelled(TinkerModel):
-    """Status of a cancelled session.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Status of a cancelled session."""
 
     type: Literal["cancelled"] = "cancelled"
     detail: str | None = None
@@ -192,40 +162,28 @@ class SessionCancelled(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ClientSessionFinishSuccess(TinkerModel):
-    """Finish reason ``success``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Finish reason ``success``."""
 
     type: Literal["success"] = "success"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ClientSessionFinishErrored(TinkerModel):
-    """Finish reason ``errored``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Finish reason ``errored``."""
 
     type: Literal["errored"] = "errored"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ClientSessionFinishInterrupted(TinkerModel):
-    """Finish reason ``interrupted``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Finish reason ``interrupted``."""
 
     type: Literal["interrupted"] = "interrupted"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ClientSessionFinished(TinkerModel):
-    """Status of a session the client finished.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Status of a session the client finished."""
 
     type: Literal["client_finished"] = "client_finished"
     reason: ClientSessionFinishSuccess | ClientSessionFinishErrored | ClientSessionFinishInterrupted
@@ -234,10 +192,7 @@ class ClientSessionFinished(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionFailedRequestReason(TinkerModel):
-    """A session failed because of one request.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A session failed because of one request."""
 
     type: Literal["request"] = "request"
     request_id: str
@@ -246,10 +201,7 @@ class SessionFailedRequestReason(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionFailedTrainingRunReason(TinkerModel):
-    """A session failed because of a training run.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A session failed because of a training run."""
 
     type: Literal["training_run"] = "training_run"
     training_run_id: str
@@ -257,10 +209,7 @@ class SessionFailedTrainingRunReason(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionFailedSamplingSessionReason(TinkerModel):
-    """A session failed because of a sampling session.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A session failed because of a sampling session."""
 
     type: Literal["sampling_session"] = "sampling_session"
     sampling_session_id: str
@@ -268,10 +217,7 @@ class SessionFailedSamplingSessionReason(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionFailed(TinkerModel):
-    """Status of a failed session.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Status of a failed session."""
 
     type: Literal["failed"] = "failed"
     category: Literal["user", "internal"]
@@ -288,10 +234,7 @@ SessionStatus: TypeAlias = SessionFailed | SessionCancelled | ClientSessionFinis
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionSummary(TinkerModel):
-    """One session in a search reply.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """One session in a search reply."""
 
     session_id: str
     created_at: _dt.datetime
@@ -306,10 +249,7 @@ class SessionSummary(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionSearchResponse(TinkerModel):
-    """A page of session search results.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A page of session search results."""
 
     sessions: list[SessionSummary]
     next_cursor: SessionSearchCursor | None = None
@@ -320,10 +260,7 @@ class SessionSearchResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class GetBillingUsageRequest(TinkerRequest):
-    """Query of ``GET /api/v1/billing/usage/events`` (RFC 3339 bounds).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Query of ``GET /api/v1/billing/usage/events`` (RFC 3339 bounds)."""
 
     starting_on: _dt.datetime
     ending_before: _dt.datetime
@@ -331,10 +268,7 @@ class GetBillingUsageRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class TrainingBillingEvent(TinkerModel):
-    """Billed training tokens.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Billed training tokens."""
 
     type: Literal["training"] = "training"
     token_count: int
@@ -342,10 +276,7 @@ class TrainingBillingEvent(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SamplingPrefillBillingEvent(TinkerModel):
-    """Billed prefill tokens (``cached`` for prefix-cache hits).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Billed prefill tokens (``cached`` for prefix-cache hits)."""
 
     type: Literal["sampling_prefill"] = "sampling_prefill"
     cached: bool
@@ -354,10 +285,7 @@ class SamplingPrefillBillingEvent(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SamplingSampleBillingEvent(TinkerModel):
-    """Billed sampled tokens.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Billed sampled tokens."""
 
     type: Literal["sampling_sample"] = "sampling_sample"
     token_count: int
@@ -365,10 +293,7 @@ class SamplingSampleBillingEvent(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CheckpointBillingEvent(TinkerModel):
-    """Billed checkpoint saves.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Billed checkpoint saves."""
 
     type: Literal["checkpoint"] = "checkpoint"
     count: int
@@ -376,10 +301,7 @@ class CheckpointBillingEvent(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class StorageBillingEvent(TinkerModel):
-    """Billed checkpoint storage.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Billed checkpoint storage."""
 
     type: Literal["storage"] = "storage"
     free: bool = False
@@ -397,10 +319,7 @@ BillingEventInfo: TypeAlias = (
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class BillingUsageEvent(TinkerModel):
-    """One bucket of billed usage.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """One bucket of billed usage."""
 
     bucket_start: _dt.datetime
     bucket_end: _dt.datetime
@@ -417,20 +336,14 @@ class BillingUsageEvent(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class BillingUsageSession(TinkerModel):
-    """Session metadata referenced by billing events.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Session metadata referenced by billing events."""
 
     user_metadata: dict[str, str] | None = None
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class BillingUsageResponse(TinkerModel):
-    """Billed usage events.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Billed usage events."""
 
     data: list[BillingUsageEvent]
     sessions: dict[str, BillingUsageSession] = attrs.field(factory=dict)
@@ -439,20 +352,14 @@ class BillingUsageResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class GetCurrentCheckpointStorageUsageRequest(TinkerRequest):
-    """Query of ``GET /api/v1/billing/usage/checkpoints/current``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Query of ``GET /api/v1/billing/usage/checkpoints/current``."""
 
     project_id: str | None = None
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CurrentCheckpointStorageUsageItem(TinkerModel):
-    """Checkpoint storage of one project or user.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Checkpoint storage of one project or user."""
 
     project_id: str | None = None
     org_user_urn: str | None = None
@@ -466,10 +373,7 @@ class CurrentCheckpointStorageUsageItem(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CurrentCheckpointStorageUsageResponse(TinkerModel):
-    """Current checkpoint storage usage.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Current checkpoint storage usage."""
 
     effective_rate_usd_per_gigabyte_month: float | None = None
     data: list[CurrentCheckpointStorageUsageItem]
@@ -480,10 +384,7 @@ class CurrentCheckpointStorageUsageResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class AuditLogEntry(TinkerModel):
-    """One audit log entry.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """One audit log entry."""
 
     timestamp: _dt.datetime
     event: str
@@ -495,9 +396,6 @@ class AuditLogEntry(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class AuditLogResponse(TinkerModel):
-    """Audit log entries.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Audit log entries."""
 
     entries: list[AuditLogEntry]

@@ -45,10 +45,7 @@ _SCALARS = frozenset({int, float, str, bool})
 
 
 class TinkerModel:
-    """Base of every response-side type: pydantic-style conveniences on an attrs class.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Base of every response-side type: pydantic-style conveniences on an attrs class."""
 
     __slots__ = ()
 
@@ -122,10 +119,7 @@ class TinkerModel:
 
 
 class TinkerRequest(TinkerModel):
-    """Base of request types: parsing rejects unknown keys.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Base of request types: parsing rejects unknown keys."""
 
     __slots__ = ()
     _tinker_request: ClassVar[bool] = True
@@ -137,8 +131,6 @@ class TinkerDataclass(TinkerModel):
     ``dataclasses.replace`` / ``fields`` / ``is_dataclass`` work on them. Construction runs the
     same strict checks as the attrs types (derived from each field's annotation, or the
     ``convert`` function in the field's metadata), then the class's ``_tinker_validate``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     __slots__ = ()

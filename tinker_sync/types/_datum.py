@@ -1,4 +1,7 @@
-"""Training data: provenance spans, ``Datum``, loss function names, ``ForwardBackwardInput``."""
+"""Training data: provenance spans, ``Datum``, loss function names, ``ForwardBackwardInput``.
+
+Thread safety: every type here is immutable and safe to share. Fork safety: plain data.
+"""
 
 import dataclasses
 import sys
@@ -153,8 +156,6 @@ class PromptProvenanceSpan(TinkerDataclass, TinkerRequest):
     """A run of datum positions equal to ``[offset, offset+length)`` of a sampled request's prompt.
 
     A frozen stdlib dataclass, as in the official SDK (``dataclasses.replace`` works).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     sequence_id: str
@@ -172,8 +173,6 @@ class SampledProvenanceSpan(TinkerDataclass, TinkerRequest):
     """A run of datum positions equal to ``[offset, offset+length)`` of a sampled sequence.
 
     A frozen stdlib dataclass, as in the official SDK (``dataclasses.replace`` works).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     sequence_id: str
@@ -207,8 +206,6 @@ class Datum(TinkerDataclass):
     tensors converted, plain lists typed by key (``target_tokens`` int64; ``weights``,
     ``advantages``, ``logprobs``, ``clip_*_threshold``, ``sequence_ratio_mask`` float32).
     A frozen stdlib dataclass, as in the official SDK (``dataclasses.replace`` works).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     model_input: ModelInput
@@ -259,8 +256,6 @@ class ForwardBackwardInput(TinkerDataclass, TinkerRequest):
 
     Construction checks the loss name and rejects ``image_asset_pointer`` chunks in the data.
     A frozen stdlib dataclass, as in the official SDK.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     data: list[Datum]
@@ -283,8 +278,6 @@ class ForwardBackwardRequest(TinkerDataclass, TinkerRequest):
 
     tinker_sync encodes forward_backward bodies straight from the training client; this type
     exists so code written for the official SDK can build and inspect one.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     forward_backward_input: ForwardBackwardInput
@@ -294,10 +287,7 @@ class ForwardBackwardRequest(TinkerDataclass, TinkerRequest):
 
 @dataclasses.dataclass(frozen=True)
 class ForwardRequest(TinkerDataclass, TinkerRequest):
-    """A forward (no backward) call as the official SDK models it.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A forward (no backward) call as the official SDK models it."""
 
     forward_input: ForwardBackwardInput
     model_id: str

@@ -1,4 +1,7 @@
-"""Model input: the four chunk kinds and ``ModelInput``."""
+"""Model input: the four chunk kinds and ``ModelInput``.
+
+Thread safety: every type here is immutable and safe to share. Fork safety: plain data.
+"""
 
 from collections.abc import Sequence
 from typing import Any, Literal, TypeAlias, cast
@@ -70,8 +73,6 @@ class EncodedTextChunk(TinkerRequest):
 
     ``tokens`` may be a list or a 1-D integer numpy array; either is copied, so changing the
     caller's list afterwards never changes the chunk (a read-only array is kept as is).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     tokens: Sequence[int] = attrs.field(
@@ -104,8 +105,6 @@ class ImageChunk(TinkerRequest):
     """An inline image: ``ImageChunk(data=png_bytes, format="png", expected_tokens=256)``.
 
     ``data`` is bytes (a base64 ``str`` is decoded); JSON carries it as base64.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     data: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
@@ -125,10 +124,7 @@ class ImageChunk(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ImageAssetPointerChunk(TinkerRequest):
-    """An image by reference (sampling prompts only; rejected in forward/backward data).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """An image by reference (sampling prompts only; rejected in forward/backward data)."""
 
     format: Literal["png", "jpeg"]
     location: str
@@ -191,10 +187,7 @@ def tensor_container_shape(data: bytes) -> tuple[int, ...]:
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class DmelChunk(TinkerRequest):
-    """A serialized TensorContainer of DMel tokens; ``length`` is its dim 0.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A serialized TensorContainer of DMel tokens; ``length`` is its dim 0."""
 
     dmel: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     type: Literal["dmel"] = "dmel"
@@ -216,10 +209,7 @@ _CHUNK_TYPES = (EncodedTextChunk, ImageChunk, ImageAssetPointerChunk, DmelChunk)
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ModelInput(TinkerRequest):
-    """A prompt or training input: ``ModelInput.from_ints([1, 2, 3])``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A prompt or training input: ``ModelInput.from_ints([1, 2, 3])``."""
 
     chunks: list[ModelInputChunk]
 

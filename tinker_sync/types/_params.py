@@ -1,4 +1,7 @@
-"""Parameters: sampling, optimizers, LoRA, and small literal aliases."""
+"""Parameters: sampling, optimizers, LoRA, and small literal aliases.
+
+Thread safety: every type here is immutable and safe to share. Fork safety: plain data.
+"""
 
 import math
 from typing import Any, Literal, TypeAlias
@@ -45,8 +48,6 @@ class SamplingParams(TinkerRequest):
     """How to sample: ``SamplingParams(max_tokens=64, temperature=0.7, stop=["\\n"])``.
 
     ``stop=None`` keeps the implicit EOS stop; ``stop=[]`` disables every stop, EOS included.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     max_tokens: int | None = None
@@ -59,10 +60,7 @@ class SamplingParams(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class AdamParams(TinkerRequest):
-    """AdamW step hyperparameters (decoupled weight decay; ``grad_clip_norm=0`` disables clipping).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """AdamW step hyperparameters (decoupled weight decay; ``grad_clip_norm=0`` disables clipping)."""
 
     learning_rate: float = 0.0001
     beta1: float = 0.9
@@ -89,10 +87,7 @@ def _beta(inst: Any, attribute: Any, value: float) -> None:
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class DimuonParams(TinkerRequest):
-    """Dimuon step hyperparameters: ``DimuonParams(learning_rate=0.02)``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Dimuon step hyperparameters: ``DimuonParams(learning_rate=0.02)``."""
 
     type: Literal["dimuon"] = "dimuon"
     learning_rate: float = attrs.field(validator=[_finite, _non_negative])
@@ -106,20 +101,14 @@ OptimParams: TypeAlias = AdamParams | DimuonParams
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class AdamOptimizerConfig(TinkerRequest):
-    """Selects AdamW at model creation (the default).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Selects AdamW at model creation (the default)."""
 
     type: Literal["adamw"] = "adamw"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class DimuonOptimizerConfig(TinkerRequest):
-    """Selects Dimuon at model creation.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Selects Dimuon at model creation."""
 
     type: Literal["dimuon"] = "dimuon"
     version: Literal[1] = 1
@@ -127,10 +116,7 @@ class DimuonOptimizerConfig(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class OtherOptimizerConfig(TinkerModel):
-    """An optimizer family this SDK does not know, kept with its extra keys (server replies).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """An optimizer family this SDK does not know, kept with its extra keys (server replies)."""
 
     type: str
     extra: dict[str, Any] = attrs.field(factory=dict)
@@ -147,10 +133,7 @@ OptimizerConfig: TypeAlias = AdamOptimizerConfig | DimuonOptimizerConfig | Other
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class LoraConfig(TinkerRequest):
-    """LoRA settings: ``LoraConfig(rank=32)``; ``seed`` is omitted on the wire when None.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """LoRA settings: ``LoraConfig(rank=32)``; ``seed`` is omitted on the wire when None."""
 
     rank: int
     seed: int | None = None

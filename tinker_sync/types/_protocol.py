@@ -2,6 +2,8 @@
 
 Request JSON is ``to_json(request)``: defaults (including the ``type`` discriminators) are sent,
 None is dropped except the null allowlist (finish ``detail``, TTL ``ttl_seconds``).
+
+Thread safety: every type here is immutable and safe to share. Fork safety: plain data.
 """
 
 import datetime as _dt
@@ -86,20 +88,14 @@ __all__ = [
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ClientConfigRequest(TinkerRequest):
-    """Body of ``POST /api/v1/client/config`` (and ``client/dynamic_config``).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/client/config`` (and ``client/dynamic_config``)."""
 
     sdk_version: str
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ClientConfigResponse(TinkerModel):
-    """Server feature flags and limits, with the official defaults.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Server feature flags and limits, with the official defaults."""
 
     pjwt_auth_enabled: bool = False
     credential_default_source: str = "api_key"
@@ -122,10 +118,7 @@ class ClientConfigResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ClientDynamicConfigResponse(TinkerModel):
-    """Dynamic server settings, refetched every ``max(refresh_interval_sec, 10)`` seconds.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Dynamic server settings, refetched every ``max(refresh_interval_sec, 10)`` seconds."""
 
     refresh_interval_sec: int = 300
     sample_cancel_enabled: bool = False
@@ -134,18 +127,12 @@ class ClientDynamicConfigResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class AuthTokenRequest(TinkerRequest):
-    """Body of ``POST /api/v1/auth/token`` (always ``{}``).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/auth/token`` (always ``{}``)."""
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class AuthTokenResponse(TinkerModel):
-    """A JWT for ``X-API-Key``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A JWT for ``X-API-Key``."""
 
     jwt: str = attrs.field(repr=False)
 
@@ -158,8 +145,6 @@ class CreateSessionRequest(TinkerRequest):
     """Body of ``POST /api/v1/create_session`` (the SDK sends ``user_metadata={}`` when unset;
     None is omitted on the wire, so it defaults to None here although the official model
     requires the key).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     tags: list[str]
@@ -172,10 +157,7 @@ class CreateSessionRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CreateSessionResponse(TinkerModel):
-    """Reply of ``create_session``; the messages are logged at info/warning/error.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Reply of ``create_session``; the messages are logged at info/warning/error."""
 
     type: Literal["create_session"] = "create_session"
     info_message: str | None = None
@@ -186,10 +168,7 @@ class CreateSessionResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionHeartbeatRequest(TinkerRequest):
-    """Body of ``POST /api/v1/session_heartbeat``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/session_heartbeat``."""
 
     session_id: str
     type: Literal["session_heartbeat"] = "session_heartbeat"
@@ -197,20 +176,14 @@ class SessionHeartbeatRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionHeartbeatResponse(TinkerModel):
-    """Reply of ``session_heartbeat``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Reply of ``session_heartbeat``."""
 
     type: Literal["session_heartbeat"] = "session_heartbeat"
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionFinishReason(TinkerRequest):
-    """``{"type": "success" | "errored" | "interrupted"}`` inside the finish body.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """``{"type": "success" | "errored" | "interrupted"}`` inside the finish body."""
 
     type: Literal["success", "errored", "interrupted"]
 
@@ -232,8 +205,6 @@ class FinishSessionRequest(TinkerRequest):
     """Body of ``POST /api/v1/sessions/{id}/finish``; ``detail`` is sent as null when None.
 
     Usage: ``FinishSessionRequest(reason="success")``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     reason: SessionFinishReason = attrs.field(converter=_finish_reason)
@@ -244,10 +215,7 @@ class FinishSessionRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SetSessionProjectRequest(TinkerRequest):
-    """Body of ``PUT /api/v1/sessions/{id}/project``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``PUT /api/v1/sessions/{id}/project``."""
 
     project_id: str
 
@@ -257,10 +225,7 @@ class SetSessionProjectRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CreateModelRequest(TinkerRequest):
-    """Body of ``POST /api/v1/create_model``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/create_model``."""
 
     session_id: str
     model_seq_id: int
@@ -273,10 +238,7 @@ class CreateModelRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CreateModelResponse(TinkerModel):
-    """Future result of ``create_model``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Future result of ``create_model``."""
 
     model_id: str
     type: Literal["create_model"] = "create_model"
@@ -284,10 +246,7 @@ class CreateModelResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class GetInfoRequest(TinkerRequest):
-    """Body of ``POST /api/v1/get_info``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/get_info``."""
 
     model_id: str
     type: Literal["get_info"] = "get_info"
@@ -295,10 +254,7 @@ class GetInfoRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class UnloadModelRequest(TinkerRequest):
-    """Body of the legacy ``POST /api/v1/unload_model``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of the legacy ``POST /api/v1/unload_model``."""
 
     model_id: str
     type: Literal["unload_model"] = "unload_model"
@@ -306,10 +262,7 @@ class UnloadModelRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class UnloadModelResponse(TinkerModel):
-    """Future result of the legacy ``unload_model``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Future result of the legacy ``unload_model``."""
 
     model_id: str
     type: Literal["unload_model"] | None = None
@@ -321,8 +274,6 @@ class OptimStepRequest(TinkerRequest):
 
     ``optim_params`` (aliases ``adam_params`` / ``optimizer_params``) is sent as
     ``adam_params`` for AdamParams and as ``optimizer_params`` otherwise.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     optim_params: OptimParams
@@ -360,10 +311,7 @@ class OptimStepRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SaveWeightsRequest(TinkerRequest):
-    """Body of ``POST /api/v1/save_weights`` (``path`` is a checkpoint name, not a URI).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/save_weights`` (``path`` is a checkpoint name, not a URI)."""
 
     model_id: str
     path: str | None = None
@@ -378,8 +326,6 @@ class SaveWeightsRequest(TinkerRequest):
 class SaveWeightsForSamplerRequest(TinkerRequest):
     """Body of ``POST /api/v1/save_weights_for_sampler`` (named: ``path``; ephemeral:
     ``sampling_session_seq_id``).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     model_id: str
@@ -394,10 +340,7 @@ class SaveWeightsForSamplerRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SaveWeightsExternalRequest(TinkerRequest):
-    """Body of ``POST /api/v1/save_weights_external``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/save_weights_external``."""
 
     model_id: str
     path: str
@@ -409,10 +352,7 @@ class SaveWeightsExternalRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class LoadWeightsRequest(TinkerRequest):
-    """Body of ``POST /api/v1/load_weights`` (create-via-load or the legacy model-id form).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/load_weights`` (create-via-load or the legacy model-id form)."""
 
     model_id: str | None = None
     seq_id: int | None = None
@@ -432,10 +372,7 @@ class LoadWeightsRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CreateSamplingSessionRequest(TinkerRequest):
-    """Body of ``POST /api/v1/create_sampling_session``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/create_sampling_session``."""
 
     session_id: str
     sampling_session_seq_id: int
@@ -446,10 +383,7 @@ class CreateSamplingSessionRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CreateSamplingSessionResponse(TinkerModel):
-    """Reply of ``create_sampling_session``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Reply of ``create_sampling_session``."""
 
     type: Literal["create_sampling_session"] = "create_sampling_session"
     sampling_session_id: str
@@ -457,10 +391,7 @@ class CreateSamplingSessionResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class JoinSamplingSessionRequest(TinkerRequest):
-    """Body of ``POST /api/v1/join_sampling_session``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/join_sampling_session``."""
 
     sampling_session_id: str
     type: Literal["join_sampling_session"] = "join_sampling_session"
@@ -468,10 +399,7 @@ class JoinSamplingSessionRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class JoinSamplingSessionResponse(TinkerModel):
-    """Reply of ``join_sampling_session``: a counter unique per clone (original = 0).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Reply of ``join_sampling_session``: a counter unique per clone (original = 0)."""
 
     type: Literal["join_sampling_session"] = "join_sampling_session"
     client_counter: int
@@ -489,8 +417,6 @@ class SampleRequest(TinkerRequest):
 
     ``prompt_logprobs`` and ``record_stability_info`` default to False and are always sent
     (the official model defaults them to None, but its SDK always fills them in).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     num_samples: int = 1
@@ -517,10 +443,7 @@ class SampleRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class UntypedAPIFuture(TinkerModel):
-    """Immediate reply of a future endpoint.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Immediate reply of a future endpoint."""
 
     request_id: str
     model_id: str | None = None
@@ -536,8 +459,6 @@ class TryAgainResponse(TinkerModel):
 
     ``queue_state`` is kept as the raw string (an unknown state is not an error; see
     ``QueueState`` for the known ones).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     type: Literal["try_again"] = "try_again"
@@ -554,10 +475,7 @@ def _category(value: Any) -> RequestErrorCategory:
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class RequestFailedResponse(TinkerModel):
-    """A poll answer meaning the request failed on the server.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A poll answer meaning the request failed on the server."""
 
     error: str
     category: RequestErrorCategory = attrs.field(
@@ -567,10 +485,7 @@ class RequestFailedResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class FutureRetrieveRequest(TinkerRequest):
-    """Body of ``POST /api/v1/retrieve_future``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/retrieve_future``."""
 
     request_id: str
     allow_metadata_only: bool = False
@@ -578,20 +493,14 @@ class FutureRetrieveRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CancelFutureRequest(TinkerRequest):
-    """Body of ``POST /api/v1/cancel_future``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/cancel_future``."""
 
     request_id: str
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SamplingSessionFuturesTarget(TinkerRequest):
-    """The ``target`` of a ``retrieve_futures`` request.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """The ``target`` of a ``retrieve_futures`` request."""
 
     type: Literal["sampling_session"] = "sampling_session"
     sampling_session_id: str
@@ -600,10 +509,7 @@ class SamplingSessionFuturesTarget(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class FuturesRetrieveRequest(TinkerRequest):
-    """Body of ``POST /api/v1/retrieve_futures`` (``timeout`` omitted for a normal long-poll).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/retrieve_futures`` (``timeout`` omitted for a normal long-poll)."""
 
     target: SamplingSessionFuturesTarget
     prev_cursor: int = 0
@@ -613,10 +519,7 @@ class FuturesRetrieveRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class FutureFinished(TinkerModel):
-    """A finished future in a ``retrieve_futures`` reply.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A finished future in a ``retrieve_futures`` reply."""
 
     state: Literal["finished"] = "finished"
     request_id: str
@@ -625,10 +528,7 @@ class FutureFinished(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class FutureFailed(TinkerModel):
-    """A failed future in a ``retrieve_futures`` reply.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A failed future in a ``retrieve_futures`` reply."""
 
     state: Literal["failed"] = "failed"
     request_id: str
@@ -640,10 +540,7 @@ FutureCompletion: TypeAlias = FutureFinished | FutureFailed
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class FuturesRetrieveResponse(TinkerModel):
-    """Reply of ``retrieve_futures``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Reply of ``retrieve_futures``."""
 
     completions: list[FutureCompletion]
     cursor: int
@@ -659,10 +556,7 @@ Severity: TypeAlias = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionStartEvent(TinkerModel):
-    """Telemetry: a session started.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Telemetry: a session started."""
 
     event: EventType = "SESSION_START"
     event_id: str
@@ -673,10 +567,7 @@ class SessionStartEvent(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SessionEndEvent(TinkerModel):
-    """Telemetry: a session ended (``duration`` is timedelta text, e.g. ``0:00:05.123456``).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Telemetry: a session ended (``duration`` is timedelta text, e.g. ``0:00:05.123456``)."""
 
     duration: str
     event: EventType = "SESSION_END"
@@ -688,10 +579,7 @@ class SessionEndEvent(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class UnhandledExceptionEvent(TinkerModel):
-    """Telemetry: an exception escaped user code.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Telemetry: an exception escaped user code."""
 
     error_message: str
     error_type: str
@@ -705,10 +593,7 @@ class UnhandledExceptionEvent(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class GenericEvent(TinkerModel):
-    """Telemetry: a named event with a JSON payload.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Telemetry: a named event with a JSON payload."""
 
     event: EventType = "GENERIC_EVENT"
     event_id: str
@@ -726,10 +611,7 @@ TelemetryEvent: TypeAlias = (
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class TelemetrySendRequest(TinkerRequest):
-    """Body of ``POST /api/v1/telemetry`` (at most 100 events).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/telemetry`` (at most 100 events)."""
 
     events: list[TelemetryEvent]
     platform: str
@@ -743,20 +625,14 @@ TelemetryRequest = TelemetrySendRequest
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class TelemetryResponse(TinkerModel):
-    """Reply of ``telemetry``: exactly ``{"status": "accepted"}``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Reply of ``telemetry``: exactly ``{"status": "accepted"}``."""
 
     status: Literal["accepted"]
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class HealthResponse(TinkerModel):
-    """Reply of ``healthz``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Reply of ``healthz``."""
 
     status: Literal["ok"]
 
@@ -768,8 +644,6 @@ class HealthResponse(TinkerModel):
 class SetCheckpointTTLRequest(TinkerRequest):
     """Body of ``PUT .../checkpoints/{ckpt}/ttl``; ``ttl_seconds=None`` is sent as null
     (removes the TTL).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     ttl_seconds: int | None = None
@@ -779,20 +653,14 @@ class SetCheckpointTTLRequest(TinkerRequest):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class WeightsInfoRequest(TinkerRequest):
-    """Body of ``POST /api/v1/weights_info``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/weights_info``."""
 
     tinker_path: str
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CopyWeightsRequest(TinkerRequest):
-    """Body of ``POST /api/v1/copy_weights`` (no ``type`` field).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Body of ``POST /api/v1/copy_weights`` (no ``type`` field)."""
 
     session_id: str | None = None
     model_seq_id: int | None = None

@@ -1,4 +1,7 @@
-"""Checkpoints, training runs, sessions and other REST replies."""
+"""Checkpoints, training runs, sessions and other REST replies.
+
+Thread safety: every type here is immutable and safe to share. Fork safety: plain data.
+"""
 
 import datetime as _dt
 from typing import Literal, TypeAlias
@@ -38,10 +41,7 @@ _TINKER_SCHEME = "tinker://"
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class Checkpoint(TinkerModel):
-    """A saved checkpoint (``checkpoint_id`` like ``weights/step1``).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A saved checkpoint (``checkpoint_id`` like ``weights/step1``)."""
 
     checkpoint_id: str
     checkpoint_type: CheckpointType
@@ -58,8 +58,6 @@ class ParsedCheckpointTinkerPath(TinkerModel):
     """The parts of ``tinker://<run>/<weights|sampler_weights|external_weights>/<name>``.
 
     Usage: ``ParsedCheckpointTinkerPath.from_tinker_path("tinker://run-1/weights/step1")``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     tinker_path: str
@@ -96,10 +94,7 @@ class ParsedCheckpointTinkerPath(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class TrainingRun(TinkerModel):
-    """A training run (a trained model) and its latest checkpoints.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A training run (a trained model) and its latest checkpoints."""
 
     training_run_id: str
     base_model: str
@@ -115,10 +110,7 @@ class TrainingRun(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class Cursor(TinkerModel):
-    """Offset pagination state.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Offset pagination state."""
 
     offset: int
     limit: int
@@ -127,10 +119,7 @@ class Cursor(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class TrainingRunsResponse(TinkerModel):
-    """A page of training runs.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A page of training runs."""
 
     training_runs: list[TrainingRun]
     cursor: Cursor
@@ -138,10 +127,7 @@ class TrainingRunsResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CheckpointsListResponse(TinkerModel):
-    """A list (or page) of checkpoints.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A list (or page) of checkpoints."""
 
     checkpoints: list[Checkpoint]
     cursor: Cursor | None = None
@@ -149,10 +135,7 @@ class CheckpointsListResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ExternalWeightsUrlsResponse(TinkerModel):
-    """Signed download URLs of an external checkpoint (relative path -> URL).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Signed download URLs of an external checkpoint (relative path -> URL)."""
 
     urls: dict[str, str]
     expires: _dt.datetime
@@ -160,10 +143,7 @@ class ExternalWeightsUrlsResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class GetSessionResponse(TinkerModel):
-    """The training runs and samplers of a session.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """The training runs and samplers of a session."""
 
     training_run_ids: list[str]
     sampler_ids: list[str]
@@ -173,20 +153,14 @@ class GetSessionResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ListSessionsResponse(TinkerModel):
-    """A page of session ids.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A page of session ids."""
 
     sessions: list[str]
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class GetSamplerResponse(TinkerModel):
-    """A sampler's base model and weights path.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """A sampler's base model and weights path."""
 
     sampler_id: str
     base_model: str
@@ -195,10 +169,7 @@ class GetSamplerResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class WhoamiResponse(TinkerModel):
-    """The caller's identity (decoded from the auth JWT).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """The caller's identity (decoded from the auth JWT)."""
 
     user_urn: str
     org_urn: str
@@ -207,20 +178,14 @@ class WhoamiResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class CopyWeightsResponse(TinkerModel):
-    """Result of ``copy_weights``: the new checkpoint's path.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Result of ``copy_weights``: the new checkpoint's path."""
 
     tinker_path: str
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class TraceExportResponse(TinkerModel):
-    """State of a session trace export (``pending``, ``ready`` with ``url``, or ``failed``).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """State of a session trace export (``pending``, ``ready`` with ``url``, or ``failed``)."""
 
     status: str
     url: str | None = None

@@ -1,4 +1,7 @@
-"""Results of training and sampling operations, and model-info replies."""
+"""Results of training and sampling operations, and model-info replies.
+
+Thread safety: every type here is immutable and safe to share. Fork safety: plain data.
+"""
 
 import dataclasses
 from collections.abc import Sequence
@@ -166,8 +169,6 @@ class TopkLogprobs(TinkerModel):
     """Top-k tokens per position as two dense ``(length, k)`` matrices.
 
     Empty slots hold the sentinel (token 0, logprob -99999.0).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     token_ids: npt.NDArray[Any] = attrs.field(
@@ -395,8 +396,6 @@ class PromptAltTokens(TinkerDataclass):
     """Alternative draws at every prompt position after the first: two ``[len(prompt)-1, k]``
     tensors (``tokens`` int64, ``logprobs`` float32). A frozen stdlib dataclass, as in the
     official SDK; equality compares the tensors' values.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     tokens: TensorData
@@ -552,8 +551,6 @@ class ForwardBackwardOutput(TinkerDataclass):
     ``loss_fn_outputs[i]`` maps a name (typically ``logprobs``) to a TensorData; metric keys
     look like ``name:reduction`` (e.g. ``loss:sum``). A frozen stdlib dataclass, as in the
     official SDK (equality compares TensorData by identity, like the official type).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     loss_fn_output_type: str
@@ -564,10 +561,7 @@ class ForwardBackwardOutput(TinkerDataclass):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class OptimStepResponse(TinkerModel):
-    """Result of ``optim_step``: optional metrics.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Result of ``optim_step``: optional metrics."""
 
     metrics: dict[str, float] | None = None
 
@@ -598,10 +592,7 @@ def _require_path(path: str | None, what: str) -> str:
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SaveWeightsResponse(TinkerModel):
-    """Result of ``save_state``: ``path`` is ``tinker://<run>/weights/<name>``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Result of ``save_state``: ``path`` is ``tinker://<run>/weights/<name>``."""
 
     path: str
     type: Literal["save_weights"] | None = None
@@ -615,8 +606,6 @@ class SaveWeightsResponse(TinkerModel):
 class SaveWeightsForSamplerResponse(TinkerModel):
     """Result of a sampler save: a ``path`` for a named save, a ``sampling_session_id`` for an
     ephemeral one.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
     """
 
     path: str | None = None
@@ -634,10 +623,7 @@ class SaveWeightsForSamplerResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SaveWeightsExternalResponse(TinkerModel):
-    """Result of an external-format save: ``tinker://<run>/external_weights/<name>``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Result of an external-format save: ``tinker://<run>/external_weights/<name>``."""
 
     path: str
     size_bytes: int | None = None
@@ -654,10 +640,7 @@ class SaveWeightsExternalResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class LoadWeightsResponse(TinkerModel):
-    """Result of ``load_weights``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Result of ``load_weights``."""
 
     path: str | None = None
     model_id: str | None = None
@@ -666,10 +649,7 @@ class LoadWeightsResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class ModelData(TinkerModel):
-    """Model metadata inside ``GetInfoResponse``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Model metadata inside ``GetInfoResponse``."""
 
     arch: str | None = None
     model_name: str | None = None
@@ -678,10 +658,7 @@ class ModelData(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class GetInfoResponse(TinkerModel):
-    """Information about a training model (``TrainingClient.get_info()``).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """Information about a training model (``TrainingClient.get_info()``)."""
 
     type: Literal["get_info"] | None = None
     model_data: ModelData
@@ -694,10 +671,7 @@ class GetInfoResponse(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class SupportedModel(TinkerModel):
-    """One entry of ``GetServerCapabilitiesResponse.supported_models``.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """One entry of ``GetServerCapabilitiesResponse.supported_models``."""
 
     model_name: str | None = None
     max_context_length: int | None = None
@@ -707,20 +681,14 @@ class SupportedModel(TinkerModel):
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class GetServerCapabilitiesResponse(TinkerModel):
-    """The models a server offers.
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """The models a server offers."""
 
     supported_models: list[SupportedModel]
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
 class WeightsInfoResponse(TinkerModel):
-    """What a checkpoint holds (``RestClient.get_weights_info_by_tinker_path``).
-
-    Thread safety: immutable, safe to share. Fork safety: plain data.
-    """
+    """What a checkpoint holds (``RestClient.get_weights_info_by_tinker_path``)."""
 
     base_model: str
     optimizer_config: OptimizerConfig = attrs.field(factory=AdamOptimizerConfig)
