@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import io
 import json
+import logging
 import os
 import pty
 import select
@@ -185,11 +186,26 @@ def test_run_list_and_info(served: Served) -> None:
 
 
 def test_api_error_goes_to_stderr_with_exit_1(served: Served) -> None:
-    proc = cli(served, "--json", "run", "info", "no-such-run")
+    proc = cli(served, "run", "info", "no-such-run")
     assert proc.returncode == 1
     assert proc.stdout == ""
     assert proc.stderr.startswith("Error: Resource not found\n")
     assert "no-such-run" in proc.stderr
+    assert "HTTP 404: " in proc.stderr and "{'detail'" not in proc.stderr  # words, not a dict
+
+
+def test_json_errors_are_one_json_document_on_stderr(served: Served) -> None:
+    proc = cli(served, "--json", "run", "info", "no-such-run")
+    assert proc.returncode == 1 and proc.stdout == ""
+    doc = json.loads(proc.stderr)["error"]
+    assert doc["message"] == "Resource not found" and doc["type"] == "NotFoundError"
+    assert doc["status_code"] == 404 and "no-such-run" in doc["details"]
+
+
+def test_version_flag() -> None:
+    proc = cli(None, "--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"tinker-sync {tinker_sync.__version__} (protocol ")
 
 
 def test_authentication_error(served: Served) -> None:
@@ -389,6 +405,49 @@ def test_demo_is_delegated(served: Served) -> None:
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert len(doc["losses"]) == 2
+
+
+def test_demo_quiet_prints_nothing_and_draws_no_bar_into_a_pipe(served: Served) -> None:
+    args = ("--base-url", served.url, "--api-key", served.key, "--steps", "2")
+    proc = cli(served, "demo", "-q", *args, "--backend", "instant", "--max-tokens", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "" and proc.stderr == ""
+    loud = cli(served, "demo", *args, "--backend", "instant", "--max-tokens", "4")
+    assert loud.returncode == 0, loud.stderr
+    assert "loss:" in loud.stdout
+    assert "fine-tuning" not in loud.stderr and "\r" not in loud.stderr  # stderr is a pipe
+
+
+def test_demo_against_nothing_says_where_and_why(
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    from tinker_sync._clock import SYSTEM_CLOCK
+    from tinker_sync.testing import VirtualSleepClock
+
+    clock = VirtualSleepClock()  # the 60 s retry window passes in virtual time
+    names = ("monotonic", "sleep", "random")
+    for name in names:
+        setattr(SYSTEM_CLOCK, name, getattr(clock, name))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("TINKER_API_KEY", "tml-x")
+    caplog.set_level(logging.WARNING, logger="tinker_sync.health")
+    try:
+        code, out, err = run_main(capsys, "demo", "--base-url", url, "--max-tokens", "4")
+    finally:
+        for name in names:
+            delattr(SYSTEM_CLOCK, name)
+    assert code == 1 and out == ""
+    assert f"connecting to {url}" in err
+    assert f"cannot reach the Tinker server at {url}" in caplog.text  # the WARNING, at once
+    assert "Error: Connection failed" in err and "gave up after" in err
+    assert sum(clock.delays("http-retry")) <= 60.0
 
 
 def test_usage_errors_exit_2() -> None:

@@ -279,6 +279,23 @@ def test_malformed_requests_get_json_errors_and_close(
     c.close()
 
 
+def test_tls_handshake_on_the_plain_port_is_refused_at_once(server: HttpServer) -> None:
+    """A ClientHello gets a plain-HTTP answer and a close, not a 25 s wait for a head."""
+    import ssl
+
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        with pytest.raises(ssl.SSLError) as info:
+            context.wrap_socket(sock, server_hostname="localhost")
+    assert not isinstance(info.value, TimeoutError)
+    assert info.value.reason == "WRONG_VERSION_NUMBER"
+    c = Raw(server.port)  # plain HTTP on the same port still works
+    c.send(get("/api/v1/echo"))
+    assert c.response()[0] == 200
+
+
 def test_oversized_head_gets_431(server: HttpServer) -> None:
     c = Raw(server.port)
     c.send(b"GET /x HTTP/1.1\r\nX-Big: " + b"a" * (70 * 1024) + b"\r\n\r\n")

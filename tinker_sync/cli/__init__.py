@@ -13,9 +13,11 @@ Usage::
 
 Global options (before or after the command): ``-f/--format table|json``, ``--json``,
 ``--base-url URL``, ``--api-key KEY`` (else ``TINKER_BASE_URL`` / ``TINKER_API_KEY``),
-``-q/--quiet``. Requests are retried at the HTTP level only (4 times, honouring Retry-After),
-not in the SDK's 300 s submission loop, so failures surface within seconds. Errors go to stderr as ``Error: <message>`` with details. Exit status: 0 ok,
-1 error, 2 usage, 130 interrupted (Ctrl-C).
+``-q/--quiet``, ``--version``. Requests are retried at the HTTP level only (4 times, honouring
+Retry-After), not in the SDK's submission loop, so failures surface within seconds. Errors go
+to stderr as ``Error: <message>`` with details (the server's own words, never a raw dict); with
+``--json`` as one JSON document ``{"error": {"message", "details", "type", "status_code",
+"request_id"}}``. Exit status: 0 ok, 1 error, 2 usage, 130 interrupted (Ctrl-C).
 
 From Python: ``tinker_sync.cli.main(["run", "list", "--json"]) -> int``.
 
@@ -125,6 +127,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         description="Command-line tools for the Tinker API and the local tinker_sync server.",
     )
     _add_global_options(parser, leaf=False)
+    parser.add_argument(
+        "--version", action="version", version=_version_text(), help="print the version and exit"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     register(subparsers, _add_leaf_options)
     _register_serve(subparsers)
@@ -135,6 +140,12 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     _register_demo(subparsers, full="demo" in argv)
     return parser
+
+
+def _version_text() -> str:
+    from tinker_sync import __protocol_version__, __version__
+
+    return f"tinker-sync {__version__} (protocol {__protocol_version__})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -180,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as exc:
             ctx.failed = True
             problem = describe_error(exc, base_url=_safe_base_url(ctx))
-            out.error(problem.message, problem.details)
+            out.error(problem.message, problem.details, exc)
             return problem.exit_code
         finally:
             _close_quietly(ctx, out)

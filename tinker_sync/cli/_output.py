@@ -143,11 +143,25 @@ class Output:
             self.stderr.write(text + "\n")
             self.stderr.flush()
 
-    def error(self, message: str, details: str | None = None) -> None:
-        """``Error: <message>`` and the details on stderr (always shown)."""
-        self.stderr.write(f"Error: {message}\n")
-        if details:
-            self.stderr.write(details.rstrip("\n") + "\n")
+    def error(
+        self, message: str, details: str | None = None, exc: BaseException | None = None
+    ) -> None:
+        """``Error: <message>`` and the details on stderr (always shown).
+
+        In JSON mode the same goes to stderr as one JSON document:
+        ``{"error": {"message", "details", "type", "status_code", "request_id"}}``.
+        """
+        if self.json:
+            doc: dict[str, Any] = {"message": message, "details": details}
+            if exc is not None:
+                doc["type"] = type(exc).__name__
+                doc["status_code"] = getattr(exc, "status_code", None)
+                doc["request_id"] = getattr(exc, "request_id", None) or _reply_request_id(exc)
+            self.stderr.write(json.dumps({"error": doc}, default=str) + "\n")
+        else:
+            self.stderr.write(f"Error: {message}\n")
+            if details:
+                self.stderr.write(details.rstrip("\n") + "\n")
         self.stderr.flush()
 
 
@@ -159,6 +173,27 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _reply_request_id(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    for key, value in headers.items():
+        if key.lower() in ("x-request-id", "request-id"):
+            return str(value)
+    return None
+
+
+def _status_detail(exc: BaseException) -> str:
+    """``HTTP 400: <the server's words> (request id ...)``: readable, never a raw dict."""
+    from tinker_sync.exceptions import server_words
+
+    response = getattr(exc, "response", None)
+    words = server_words(response.content) if response is not None else ""
+    status = getattr(exc, "status_code", None)
+    text = f"HTTP {status}: {words}" if words else f"HTTP {status}"
+    rid = _reply_request_id(exc)
+    return f"{text} (request id {rid})" if rid else text
+
+
 def describe_error(exc: BaseException, *, base_url: str | None = None) -> CliError:
     """A friendly :class:`CliError` for an SDK or OS exception."""
     from tinker_sync import exceptions as e
@@ -166,6 +201,8 @@ def describe_error(exc: BaseException, *, base_url: str | None = None) -> CliErr
     if isinstance(exc, CliError):
         return exc
     detail = getattr(exc, "message", None) or str(exc)
+    if isinstance(exc, e.APIStatusError):
+        detail = _status_detail(exc)
     where = f" at {base_url}" if base_url else ""
     if isinstance(exc, e.NotFoundError):
         return CliError("Resource not found", f"Details: {detail}")

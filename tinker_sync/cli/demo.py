@@ -4,6 +4,7 @@ Usage::
 
     tinker-sync demo                 # embedded LocalServer(backend="tiny"), about 30 s
     tinker-sync demo --json          # one JSON summary on stdout
+    tinker-sync demo -q              # nothing on success (the exit status tells)
     tinker-sync demo --base-url http://127.0.0.1:8000   # against a running server
 
 Everything runs offline on loopback: the embedded server, a real small numpy transformer with
@@ -99,7 +100,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    quiet = bool(args.json)
+    # -q prints nothing on success (the exit status tells); --json prints only its summary.
+    # The progress bar is drawn only into a terminal, never into a log file or a pipe.
+    quiet = bool(args.json) or bool(getattr(args, "quiet", False))
+    if args.base_url and not quiet:
+        print(f"connecting to {args.base_url} ...", file=sys.stderr)
     with _server(args) as (url, api_key):
         timings["server_start_s"] = time.perf_counter() - t0
         with tinker_sync.ServiceClient(base_url=url, api_key=api_key) as service:
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             ntokens = sum(sum(d.loss_fn_inputs["weights"].data) for d in data)
             t = time.perf_counter()
             bar = None
-            if not quiet:
+            if not quiet and sys.stderr.isatty():
                 from tqdm import tqdm
 
                 bar = tqdm(total=args.steps, desc="fine-tuning", unit="step", file=sys.stderr)
@@ -178,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
                 }
             )
         )
+        return 0
+    if quiet:
         return 0
     print(
         f"loss: {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps "

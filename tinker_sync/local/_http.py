@@ -49,6 +49,8 @@ logger = logging.getLogger("tinker_sync.local")
 
 ADMIN_PREFIX = "/_local/"
 MAX_BODY_BYTES = 256 * 1024 * 1024
+#: First byte of a TLS record carrying a handshake (a ClientHello sent to the plain port).
+_TLS_HANDSHAKE = b"\x16"
 MAX_HEAD_BYTES = 64 * 1024
 
 AdminHandler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -493,10 +495,18 @@ class HttpServer:
 
     async def _serve(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
         writer = conn.writer
+        first = True
         while True:
             conn.idle = True
             try:
-                head = await reader.readuntil(b"\r\n\r\n")
+                lead = b""
+                if first:
+                    first = False
+                    lead = await reader.readexactly(1)
+                    if lead == _TLS_HANDSHAKE:
+                        await self._refuse_tls(writer)
+                        return
+                head = lead + await reader.readuntil(b"\r\n\r\n")
             except asyncio.IncompleteReadError:
                 return  # peer closed (possibly mid-head)
             except asyncio.LimitOverrunError:
@@ -555,6 +565,17 @@ class HttpServer:
         if version == "HTTP/1.1":
             return "close" not in tokens
         return "keep-alive" in tokens
+
+    async def _refuse_tls(self, writer: asyncio.StreamWriter) -> None:
+        """A TLS ClientHello on this plain-HTTP port: answer in plain HTTP and close at once.
+
+        The client's TLS layer then fails immediately ("wrong version number") instead of
+        waiting for a handshake that never comes.
+        """
+        logger.warning(
+            "a client tried TLS (https://) on this plain-HTTP server; it should use http://"
+        )
+        await self._send_error(writer, 400, "this server speaks plain HTTP: use http://")
 
     async def _read_body(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, headers: dict[str, str]
