@@ -114,7 +114,6 @@ def test_timeout_validation_and_identity() -> None:
 
 NORMALIZATION_TABLE = [
     ("https://EXAMPLE.com:443/", "https://example.com"),
-    ("example.com", "https://example.com"),
     ("https://example.com", "https://example.com"),
     ("HTTPS://Example.COM/", "https://example.com"),
     ("http://example.com:80", "http://example.com"),
@@ -143,6 +142,40 @@ def test_normalize_base_url(url: str, expected: str) -> None:
 def test_normalize_base_url_rejects(url: str) -> None:
     with pytest.raises(ValueError):
         normalize_base_url(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "suggestion"),
+    [
+        ("127.0.0.1:8000", "'http://127.0.0.1:8000'"),
+        ("localhost:8000/api", "'http://localhost:8000/api'"),
+        ("example.com", "'https://example.com'"),
+        ("http:/127.0.0.1:8000", "'http://127.0.0.1:8000'"),
+        ("https:example.com", "'https://example.com'"),
+        ("http:///host.test", "'http://host.test'"),
+    ],
+)
+def test_invalid_base_url_fails_at_construction_with_a_suggestion(
+    url: str, suggestion: str
+) -> None:
+    """A URL that could only fail slowly on the network fails in ServiceClient() instead."""
+    from tinker_sync import ServiceClient
+
+    with pytest.raises(ValueError, match="did you mean") as info:
+        ServiceClient(base_url=url, api_key="tml-x")
+    assert suggestion in str(info.value)
+
+
+def test_stall_timeout_knob_and_env() -> None:
+    assert ClientConfig.from_env(api_key="tml-x", environ={}).stall_timeout == 600.0
+    env = {"TINKER_STALL_TIMEOUT": "30"}
+    assert ClientConfig.from_env(api_key="tml-x", environ=env).stall_timeout == 30.0
+    got = ClientConfig.from_env(api_key="tml-x", environ=env, stall_timeout=5)
+    assert got.stall_timeout == 5
+    with pytest.raises(ValueError, match="TINKER_STALL_TIMEOUT"):
+        ClientConfig.from_env(api_key="tml-x", environ={"TINKER_STALL_TIMEOUT": "soon"})
+    with pytest.raises(ValueError, match="stall_timeout"):
+        ClientConfig.from_env(api_key="tml-x", environ={}, stall_timeout=0)
 
 
 @pytest.mark.parametrize(
@@ -288,7 +321,8 @@ def test_missing_credential_is_lazy_and_names_the_variables(no_creds_file: Path)
     with pytest.raises(MissingCredentialsError) as info:
         c.fetch()
     message = str(info.value)
-    for hint in ("api_key", "TINKER_API_KEY", "TINKER_CREDENTIAL_CMD", "tinker auth login"):
+    hints = ("api_key", "TINKER_API_KEY", "TINKER_CREDENTIAL_CMD", "tinker-sync serve")
+    for hint in hints:
         assert hint in message
     assert info.value.outcome.value == "not_sent"
     with pytest.raises(MissingCredentialsError):

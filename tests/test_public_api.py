@@ -17,7 +17,14 @@ import tinker_sync
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-CLIENTS = {"ServiceClient", "TrainingClient", "SamplingClient", "RestClient", "APIFuture"}
+CLIENTS = {
+    "ServiceClient",
+    "TrainingClient",
+    "SamplingClient",
+    "RestClient",
+    "APIFuture",
+    "PendingFuture",
+}
 COMPAT = {"BackcompatTrainingClientFuture", "BackcompatSamplingClientFuture"}
 CONFIG = {"RetryConfig", "Timeout", "RequestOptions"}
 CUSTOM_LOSS = {"LossHandle", "PerDatumLossFn"}
@@ -71,6 +78,7 @@ EXCEPTIONS = {  # docs/design/surface.md#exceptions
     "APITimeoutError",
     "APIConnectTimeoutError",
     "SamplingStuckError",
+    "StalledError",
     "APIResponseValidationError",
     "RequestFailedError",
     "FutureExpiredError",

@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "SamplingClient": "tinker_sync.sampling_client",
     "RestClient": "tinker_sync.rest_client",
     "APIFuture": "tinker_sync._futures",
+    "PendingFuture": "tinker_sync._health",
     "BackcompatTrainingClientFuture": "tinker_sync.training_client",
     "BackcompatSamplingClientFuture": "tinker_sync.sampling_client",
     # config
@@ -90,6 +91,7 @@ _EXPORTS: dict[str, str] = {
     "APITimeoutError": "tinker_sync.exceptions",
     "APIConnectTimeoutError": "tinker_sync.exceptions",
     "SamplingStuckError": "tinker_sync.exceptions",
+    "StalledError": "tinker_sync.exceptions",
     "APIResponseValidationError": "tinker_sync.exceptions",
     "RequestFailedError": "tinker_sync.exceptions",
     "FutureExpiredError": "tinker_sync.exceptions",
@@ -146,6 +148,7 @@ __all__ = [
     "OptimStepRequest",
     "OptimStepResponse",
     "ParsedCheckpointTinkerPath",
+    "PendingFuture",
     "PerDatumLossFn",
     "PermissionDeniedError",
     "PromptProvenanceSpan",
@@ -164,6 +167,7 @@ __all__ = [
     "SamplingParams",
     "SamplingStuckError",
     "ServiceClient",
+    "StalledError",
     "StopReason",
     "TensorData",
     "TensorDtype",
@@ -211,6 +215,7 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     from tinker_sync._futures import (
         APIFuture as APIFuture,
     )
+    from tinker_sync._health import PendingFuture as PendingFuture
     from tinker_sync.exceptions import (
         APIConnectError as APIConnectError,
     )
@@ -285,6 +290,9 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     )
     from tinker_sync.exceptions import (
         SamplingStuckError as SamplingStuckError,
+    )
+    from tinker_sync.exceptions import (
+        StalledError as StalledError,
     )
     from tinker_sync.exceptions import (
         TinkerError as TinkerError,

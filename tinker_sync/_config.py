@@ -52,6 +52,7 @@ __all__ = [
     "DEFAULT_BASE_URL",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_MAX_RETRIES",
+    "DEFAULT_STALL_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "PROTOCOL_VERSION",
     "AuthProvider",
@@ -69,6 +70,7 @@ __all__ = [
     "jwt_claims",
     "jwt_expiry",
     "normalize_base_url",
+    "parse_stall_timeout",
     "parse_tags",
     "resolve_base_url",
     "telemetry_enabled",
@@ -82,12 +84,16 @@ PROTOCOL_VERSION = "0.38.0"
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_MAX_RETRIES = 10
+#: Seconds a pending call may go without a useful answer (every attempt a connection error,
+#: timeout or 5xx) before it fails with StalledError: long enough to ride out a server restart.
+DEFAULT_STALL_TIMEOUT = 600.0
 _COMMAND_TIMEOUT = 120.0
 
 MISSING_CREDENTIALS_MESSAGE = (
-    "No Tinker credential found: pass api_key=... to the client, set the TINKER_API_KEY "
-    "environment variable, set TINKER_CREDENTIAL_CMD to a command that prints one, or store "
-    "a key with `tinker auth login` (~/.tinker/credentials.json)."
+    "No Tinker credential found: pass api_key=... to the client (--api-key for tinker-sync), "
+    "set the TINKER_API_KEY environment variable, set TINKER_CREDENTIAL_CMD to a command that "
+    'prints one, or save {"api_key": "..."} in ~/.tinker/credentials.json. For a local server, '
+    "`tinker-sync serve` prints the TINKER_BASE_URL and TINKER_API_KEY to export."
 )
 
 
@@ -196,30 +202,51 @@ class RequestOptions(TypedDict, total=False):
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+_SCHEME_TYPO = re.compile(r"^(https?):/*(?P<rest>[^/].*)$", re.IGNORECASE)
+_LOCAL_HOSTS = ("localhost", "127.", "[::1]", "0.0.0.0")
+
+
+def _suggest_scheme(text: str) -> str:
+    """``http://`` for local addresses (the local server speaks plain HTTP), else ``https://``."""
+    scheme = "http" if text.lower().startswith(_LOCAL_HOSTS) else "https"
+    return f"{scheme}://{text}"
+
+
 def normalize_base_url(url: str) -> str:
     """Canonical form of a base URL; the single key for pools and limiters (B11).
 
     Lower-cases scheme and host, drops the default port (80 for http, 443 for https), drops
-    user info, query and fragment, keeps the path (case preserved) without trailing ``/``. A URL
-    without scheme is taken as https::
+    user info, query and fragment, keeps the path (case preserved) without trailing ``/``::
 
         normalize_base_url("https://EXAMPLE.com:443/") == "https://example.com"
-        normalize_base_url("example.com")              == "https://example.com"
 
-    Raises ValueError for other schemes or a missing host.
+    Raises ValueError, with a suggestion, for a URL without ``http://`` / ``https://``
+    (``127.0.0.1:8000``, ``example.com``), a mangled one (``http:/host``), other schemes or a
+    missing host: such a URL could only fail later, slowly, on the network.
     """
     text = str(url).strip()
     if not text:
         raise ValueError("base_url is empty")
     if "://" not in text:
-        text = "https://" + text
+        typo = _SCHEME_TYPO.match(text)
+        if typo is not None:
+            fixed = f"{typo.group(1).lower()}://{typo.group('rest')}"
+            raise ValueError(
+                f"base_url {scrub(text)!r} is malformed; did you mean {scrub(fixed)!r}?"
+            )
+        raise ValueError(
+            f"base_url {scrub(text)!r} has no scheme; did you mean "
+            f"{scrub(_suggest_scheme(text))!r}?"
+        )
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
         raise ValueError(f"base_url must use http:// or https://, got {scheme!r}")
     host = parts.hostname
     if not host:
-        raise ValueError(f"base_url has no host: {scrub(str(url))!r}")
+        rest = text.split("://", 1)[1].lstrip("/")
+        hint = f"; did you mean {scrub(f'{scheme}://{rest}')!r}?" if rest else ""
+        raise ValueError(f"base_url has no host: {scrub(str(url))!r}{hint}")
     try:
         port = parts.port
     except ValueError as exc:
@@ -687,6 +714,21 @@ def parse_tags(value: str | None) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def parse_stall_timeout(value: str | None) -> float:
+    """``TINKER_STALL_TIMEOUT``: seconds (> 0); unset or empty means the default (600)."""
+    if value is None or not value.strip():
+        return DEFAULT_STALL_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(
+            f"TINKER_STALL_TIMEOUT must be a number of seconds, not {value!r}"
+        ) from None
+    if not seconds > 0 or math.isnan(seconds):
+        raise ValueError(f"TINKER_STALL_TIMEOUT must be > 0 seconds, not {value!r}")
+    return seconds
+
+
 def _parse_log_level(value: str | None) -> str | None:
     if not value:
         return None
@@ -745,6 +787,7 @@ class ClientConfig:
     cloudflare_client_secret: Secret | None = attrs.field(default=None, repr=False)
     timeout: Timeout = attrs.field(factory=Timeout)
     max_retries: int = DEFAULT_MAX_RETRIES
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT
     telemetry: bool = True
     log_level: str | None = None
     normalized_base_url: str = attrs.field(
@@ -756,6 +799,11 @@ class ClientConfig:
             raise TypeError("max_retries must be an int")
         if self.max_retries < 0:
             raise ValueError("max_retries must be >= 0")
+        stall = self.stall_timeout
+        if isinstance(stall, bool) or not isinstance(stall, (int, float)):
+            raise TypeError(f"stall_timeout must be a number of seconds, not {stall!r}")
+        if not stall > 0 or math.isnan(stall):
+            raise ValueError(f"stall_timeout must be > 0 seconds, not {stall!r}")
 
     @classmethod
     def from_env(
@@ -768,6 +816,7 @@ class ClientConfig:
         default_headers_overrides: Mapping[str, str] | None = None,
         timeout: object = None,
         max_retries: int | None = None,
+        stall_timeout: float | None = None,
         environ: Mapping[str, str] | None = None,
         credentials_path: Path | str | None = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -787,6 +836,11 @@ class ClientConfig:
             cloudflare_client_secret=Secret(cf_secret) if cf_secret else None,
             timeout=Timeout.coerce(timeout),
             max_retries=DEFAULT_MAX_RETRIES if max_retries is None else max_retries,
+            stall_timeout=(
+                parse_stall_timeout(env.get("TINKER_STALL_TIMEOUT"))
+                if stall_timeout is None
+                else stall_timeout
+            ),
             telemetry=telemetry_enabled(env.get("TINKER_TELEMETRY")),
             log_level=_parse_log_level(env.get("TINKER_LOG")),
         )
@@ -823,6 +877,7 @@ class ClientConfig:
             "cloudflare_client_id": self.cloudflare_client_id,
             "timeout": (self.timeout.connect, self.timeout.read),
             "max_retries": self.max_retries,
+            "stall_timeout": self.stall_timeout,
             "telemetry": self.telemetry,
             "log_level": self.log_level,
         }
@@ -849,6 +904,7 @@ class ClientConfig:
             cloudflare_client_secret=Secret(cf_secret) if cf_secret else None,
             timeout=Timeout(read, connect=connect),
             max_retries=state.get("max_retries", DEFAULT_MAX_RETRIES),
+            stall_timeout=state.get("stall_timeout", DEFAULT_STALL_TIMEOUT),
             telemetry=state.get("telemetry", True),
             log_level=state.get("log_level"),
         )

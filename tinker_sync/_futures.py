@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -68,6 +69,7 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
         self._request_ids: tuple[str, ...] = ()
         self._on_cancel = on_cancel
         self._description = description
+        self._created = time.monotonic()
         self._pid = os.getpid()
         self._warned_loop = False
         self._inline: Claimable | None = None
@@ -151,10 +153,25 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
             self._run_inline()
         try:
             return super().result(timeout)
+        except concurrent.futures.TimeoutError as exc:
+            if exc is self._exception:
+                self._report(exc)
+                raise
+            raise TimeoutError(self._timeout_message(timeout)) from None
         except BaseException as exc:
             if exc is self._exception:  # the operation's failure, not the wait's timeout
                 self._report(exc)
             raise
+
+    def _timeout_message(self, timeout: float | None) -> str:
+        what = self._description or "the operation"
+        rid = f" (request_id={self.request_id})" if self._request_ids else ""
+        age = time.monotonic() - self._created
+        return (
+            f"{what}{rid} is still pending after result(timeout={float(timeout or 0):g}) "
+            f"({age:.1f} s since it started); the request goes on: call result() again to "
+            "keep waiting, and see ServiceClient.pending() for its last status"
+        )
 
     # ---------------------------------------------------------------- inlining
 

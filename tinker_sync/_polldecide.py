@@ -29,6 +29,7 @@ from tinker_sync.exceptions import (
     RequestErrorCategory,
     RequestFailedError,
     ResponseSnapshot,
+    server_words,
     status_error_class,
 )
 
@@ -164,8 +165,11 @@ def decide_reply(
         return Decision(Action.RESULT, body=body)
 
     snapshot = ResponseSnapshot(status, headers, content)
+    words = server_words(snapshot.content)
     error = status_error_class(status)(
-        f"retrieve_future for {request_id} answered HTTP {status}", response=snapshot
+        f"HTTP {status}{': ' + words if words else ''} "
+        f"(retrieve_future for request_id={request_id})",
+        response=snapshot,
     )
     counters.last_error = error
     if status == 408:
@@ -194,7 +198,9 @@ def decide_reply(
         counters.bad_400 += 1
         if counters.bad_400 <= MAX_BAD_400:
             return Decision(Action.RETRY, 0.0, "HTTP 400 while polling", error)
-        return _poll_failed(request_id, status, error, f"{MAX_BAD_400 + 1} HTTP 400 answers")
+        return _poll_failed(
+            request_id, status, error, f"{MAX_BAD_400 + 1} HTTP 400 answers in a row"
+        )
     if status == 402:
         if counters.billing_since is None:
             counters.billing_since = now
@@ -205,7 +211,14 @@ def decide_reply(
 
 
 def _poll_failed(request_id: str, status: int, cause: BaseException, why: str) -> Decision:
-    exc = FuturePollError(f"polling request {request_id} failed: {why}", status_code=status)
+    snapshot = getattr(cause, "response", None)
+    words = server_words(snapshot.content) if snapshot is not None else ""
+    said = f": {words}" if words else " (the server gave no reason)"
+    exc = FuturePollError(
+        f"HTTP {status}{said} (polling request_id={request_id} failed after {why})",
+        status_code=status,
+        request_id=request_id,
+    )
     exc.__cause__ = cause
     return Decision(Action.FAIL, exc=exc)
 

@@ -17,7 +17,8 @@ cloned sampler) long-polls ``POST /api/v1/retrieve_futures`` with ``prev_cursor`
 its thread exits after 30 s idle (restarted on demand). Sorted ``retrieved_request_ids`` go out
 on the next poll and are dropped once a poll carrying them succeeded. Errors: 402 inside the
 billing window sleeps 5 s; retryable errors (timeouts, connection errors, 408/409/429/5xx)
-sleep 1 s; a 400 is retried at most 3 times (1 s apart; the budget resets after a success);
+sleep 1 s, until ``stall_timeout`` passes without a useful answer (then the current waiters
+fail with StalledError); a 400 is retried at most 3 times (1 s apart; the budget resets after a success);
 anything else fails every current and future waiter with :class:`TinkerError`, except that a
 completion already recorded still wins.
 
@@ -41,6 +42,7 @@ from tinker_sync._clock import exiting
 from tinker_sync._config import Timeout
 from tinker_sync._executor import BoundedLane, pool
 from tinker_sync._fork import make_condition, make_lock, register_after_fork
+from tinker_sync._health import StallWatch
 from tinker_sync._retry import classify
 from tinker_sync._transport import Pool, RequestSpec, error_from_reply
 from tinker_sync.exceptions import (
@@ -213,6 +215,7 @@ class SessionFuturesPoller:
     def _loop(self) -> None:
         clock = self.session.clock
         bad_requests = 0
+        stall = StallWatch(clock, self.session.config.stall_timeout, "Sample (retrieve_futures)")
         while True:
             if self.session.closed and not self._closing:
                 self.close()
@@ -270,7 +273,14 @@ class SessionFuturesPoller:
                 ):
                     clock.sleep(BILLING_SLEEP_S, "futures-poller-billing")
                     continue
-                if classify(exc).retryable:
+                info = classify(exc)
+                if info.retryable:
+                    if info.status_code is None or info.status_code >= 500:
+                        stalled = stall.unhealthy(exc)
+                        if stalled is not None:
+                            self._fail_waiters(stalled)
+                            stall.useful()
+                            continue
                     clock.sleep(RETRYABLE_SLEEP_S, "futures-poller-retry")
                     continue
                 if (
@@ -290,6 +300,7 @@ class SessionFuturesPoller:
                 self._fail(message)
                 return
             bad_requests = 0
+            stall.useful()
             ready: list[tuple[Waiter, dict[str, Any]]] = []
             with self._lock:
                 self._retrieved.difference_update(sent)
@@ -326,6 +337,15 @@ class SessionFuturesPoller:
                     del self._waiters[rid]
             if mine:
                 self.lane.submit(waiter.on_failure, reason)
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        """Fail the current waiters with ``exc`` (a stall); later waits poll afresh."""
+        with self._lock:
+            waiters = list(self._waiters.values())
+            self._waiters.clear()
+        log.error("%s", exc)
+        for waiter in waiters:
+            self.lane.submit(waiter.on_failure, exc)
 
     def _fail(self, message: str) -> None:
         with self._lock:

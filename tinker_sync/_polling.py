@@ -12,6 +12,11 @@ ForwardBackward / Forward, ``Accept: application/x-protobuf`` (B20). What happen
 from :func:`tinker_sync._polldecide.decide_reply` (B21, B22). The loop is bounded by time
 (``poll_timeout``), never by an iteration count (B23), and it is iterative.
 
+A poll loop that gets no useful answer (only connection errors, timeouts and 5xx) for the
+client's ``stall_timeout`` (default 600 s) fails with StalledError naming the last status and
+the server's last words; each loop records its attempts, last status and queue state for
+``ServiceClient.pending()``.
+
 ``poll_timeout`` (default None: unbounded, as in the official SDK) runs on the session Clock;
 on expiry ``on_done`` gets a TimeoutError chained (``__cause__``) to the last poll error. It
 is deliberately not a public knob: callers bound their own wait with ``result(timeout)``,
@@ -32,6 +37,7 @@ from typing import Any, TypeVar
 
 from tinker_sync._clock import exiting
 from tinker_sync._config import Timeout
+from tinker_sync._health import StallWatch
 from tinker_sync._polldecide import Action, Decision, PollCounters, decide_reply
 from tinker_sync._polldecide import decide_transport_error as _transport_error
 from tinker_sync._ratelimit import Stopped
@@ -89,6 +95,8 @@ class Poll:
         self.allow_metadata_only = allow_metadata_only
         self.model_id = model_id
         self.counters = PollCounters()
+        self.stall = StallWatch(session.clock, session.config.stall_timeout, request_type)
+        self.progress = session.health.track(request_id, request_type)
         self._reserved = 0
         self._last_state: tuple[str, str | None] = ("active", None)
 
@@ -114,6 +122,7 @@ class Poll:
         )
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
+        self.session.health.forget(self.request_id)
         if self._reserved:
             self.session.limiter.release_response_bytes(self._reserved)
             self._reserved = 0
@@ -193,11 +202,15 @@ class Poll:
                 self._finish(None, stop)
                 return
             started = clock.monotonic()
+            status: int | None = None
             try:
                 reply = transport.send_once(self._spec())
             except APIConnectionError as exc:
                 decision = _transport_error(exc, self.counters)
+                self.progress.last_status = type(exc).__name__
             else:
+                status = reply.status
+                self.progress.last_status = f"HTTP {status}"
                 decision = decide_reply(
                     reply.status,
                     reply.headers,
@@ -210,6 +223,17 @@ class Poll:
                     billing_window_s=billing_window,
                 )
             self.counters.iteration += 1
+            self.progress.attempts = self.counters.iteration
+            if decision.queue_state:
+                self.progress.queue_state = decision.queue_state
+                self.progress.last_status = decision.reason or self.progress.last_status
+            if status is not None and status < 500:
+                self.stall.useful()
+            elif decision.action is Action.RETRY and decision.exc is not None:
+                stalled = self.stall.unhealthy(decision.exc, request_id=self.request_id)
+                if stalled is not None:
+                    self._finish(None, stalled)
+                    return
             action = decision.action
             if action is Action.RESULT:
                 try:

@@ -30,6 +30,8 @@ import email.utils
 import errno
 import http.client
 import logging
+import socket
+import ssl
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
@@ -39,7 +41,9 @@ import urllib3.exceptions
 
 from tinker_sync._causes import related
 from tinker_sync._clock import SYSTEM_CLOCK, Clock, exiting
+from tinker_sync._config import DEFAULT_TIMEOUT
 from tinker_sync._fork import make_lock
+from tinker_sync._health import StallWatch, describe_failure
 from tinker_sync._transport import (
     Hook,
     Reply,
@@ -49,8 +53,11 @@ from tinker_sync._transport import (
     error_from_reply,
 )
 from tinker_sync.exceptions import (
+    APIConnectError,
     APIConnectionError,
+    APIConnectTimeoutError,
     APIStatusError,
+    APITimeoutError,
     RequestErrorCategory,
     RequestFailedError,
     RequestOutcome,
@@ -69,6 +76,7 @@ __all__ = [
     "is_retryable_status",
     "is_user_error",
     "parse_retry_after",
+    "permanent_connect_failure",
     "retry_delay",
     "send_with_retries",
     "should_retry",
@@ -230,7 +238,8 @@ def classify(exc: BaseException) -> Classification:
 
     Retryable: an :class:`APIStatusError` whose response says ``x-should-retry: true`` (or not
     ``false`` and has status 408/409/429/5xx); every connection error and timeout, including
-    raw requests/urllib3/OS errors such as EBADF found through ``__cause__``. Not retryable:
+    raw requests/urllib3/OS errors such as EBADF found through ``__cause__``, except the ones
+    that cannot heal by waiting (:func:`permanent_connect_failure`). Not retryable:
     credential errors, closed clients, forks, server-side failures (RequestFailedError), and
     anything else.
     """
@@ -243,7 +252,7 @@ def classify(exc: BaseException) -> Classification:
         forced = _x_should_retry(getattr(response, "headers", None))
         retryable = forced if forced is not None else is_retryable_status(exc.status_code)
     elif isinstance(exc, APIConnectionError):
-        retryable = True
+        retryable = permanent_connect_failure(exc) is None
     elif isinstance(exc, TinkerError):
         retryable = False
     else:
@@ -255,6 +264,52 @@ def classify(exc: BaseException) -> Classification:
         outcome=outcome,
         kind=type(exc).__name__,
     )
+
+
+def permanent_connect_failure(exc: BaseException) -> str | None:
+    """A hint when a connection failure cannot heal by retrying, else None.
+
+    A host name that does not resolve (any DNS answer but "try again later"), a TLS handshake
+    answered in plain HTTP (an ``https://`` URL for an ``http://`` server), and a certificate
+    that does not verify: retrying only makes the user wait for the same error.
+    """
+    for e in _causes(exc):
+        if isinstance(e, socket.gaierror) and e.errno != socket.EAI_AGAIN:
+            return "the host name does not resolve; check the base URL for typos"
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return "the server's TLS certificate does not verify"
+        if isinstance(e, ssl.SSLError) and getattr(e, "reason", None) in (
+            "WRONG_VERSION_NUMBER",
+            "HTTP_REQUEST",
+            "RECORD_LAYER_FAILURE",
+        ):
+            return "the server does not speak TLS here; did you mean http:// instead of https://?"
+    return None
+
+
+_REBUILDABLE = (APIConnectionError, APIConnectError, APITimeoutError, APIConnectTimeoutError)
+
+
+def _with_context(
+    exc: Exception, transport: Transport, spec: RequestSpec, attempts: int, elapsed: float
+) -> Exception:
+    """The final connection error, its message naming the URL, the attempts and any hint."""
+    if type(exc) not in _REBUILDABLE:
+        return exc
+    assert isinstance(exc, APIConnectionError)
+    hint = permanent_connect_failure(exc)
+    tries = f"{attempts} attempt" + ("s" if attempts != 1 else "")
+    url = f"{transport.config.normalized_base_url}{spec.path}"
+    message = f"{exc.message}. {spec.method} {url} gave up after {tries} in {elapsed:.1f} s" + (
+        f": {hint}" if hint else ""
+    )
+    return type(exc)(message, exc.request)
+
+
+def retry_window(transport: Transport) -> float:
+    """How long one request keeps retrying a server it gets no answer from: ``timeout``."""
+    read = transport.config.timeout.read
+    return DEFAULT_TIMEOUT if read is None else read
 
 
 def should_retry(outcome: Reply | BaseException) -> bool:
@@ -294,14 +349,25 @@ def send_with_retries(
         max_retries = transport.config.max_retries
     clock = transport.clock if clock is None else clock
     hooks = transport.hooks if hooks is None else tuple(hooks)
+    window = retry_window(transport)
+    start = clock.monotonic()
     k = 0
     while True:
+        attempt_start = clock.monotonic()
         try:
             reply = transport.send_once(spec, attempt=k)
         except Exception as exc:
-            if k >= max_retries or not classify(exc).retryable:
-                raise
-            delay = http_backoff(k, clock.random)
+            now = clock.monotonic()
+            # No answer at all: retries stay within ``timeout`` seconds of the first attempt,
+            # the last one timed to end (if as long as this one) at that deadline, so an
+            # unreachable server fails within ``timeout`` yet a shorter outage is ridden out.
+            room = start + window - now - (now - attempt_start)
+            delay = min(http_backoff(k, clock.random), room)
+            if k >= max_retries or room <= 0 or not classify(exc).retryable:
+                final = _with_context(exc, transport, spec, k + 1, now - start)
+                if final is exc:
+                    raise
+                raise final from exc
             reason = type(exc).__name__
             failure: BaseException = exc
         else:
@@ -397,12 +463,24 @@ def submission_loop(
     billing_window_s: float = DEFAULT_BILLING_WINDOW_S,
     hooks: Sequence[Hook] = (),
     on_exception: LoopObserver | None = None,
+    max_retries: int | None = None,
+    stall_timeout: float | None = None,
+    reached: Callable[[], bool] | None = None,
+    what: str = "request",
+    stop: Callable[[], BaseException | None] | None = None,
 ) -> T:
     """Call ``fn()`` until it succeeds, mirroring the official holder loop (B33).
 
     * Retryable failures (:func:`classify`) wait ``min(2^n, 30)`` s (reason
       ``"submission-retry"``), trimmed so that the time since the first attempt never exceeds
-      ``budget_s``; after that the failure propagates.
+      ``budget_s`` (or ``stall_timeout`` when given); after that the failure propagates.
+    * The user's knobs bound this layer too: with ``max_retries=0`` nothing is retried here;
+      while ``reached()`` is False (the server never answered this session) the HTTP layer's
+      retries were the whole budget, so an unreachable server fails within ``timeout``; and a
+      call that got no useful answer (connection errors, timeouts, 5xx) for ``stall_timeout``
+      seconds fails with :class:`~tinker_sync.exceptions.StalledError` naming ``what``.
+    * ``stop()``, asked before each wait, ends the loop with the exception it returns (e.g.
+      the caller was cancelled or its own progress deadline passed).
     * A 402 sleeps 5 s (reason ``"billing-pause"``) without counting an attempt and without
       consuming the budget, while ``billing`` (a per-session :class:`BillingPause`; a fresh one
       with ``billing_window_s`` when None) allows it.
@@ -413,7 +491,10 @@ def submission_loop(
     """
     if billing is None:
         billing = BillingPause(billing_window_s)
+    if stall_timeout is not None:
+        budget_s = stall_timeout
     start = clock.monotonic()
+    watch = StallWatch(clock, budget_s, what, since=start)
     attempt = 0
     while True:
         try:
@@ -424,6 +505,7 @@ def submission_loop(
                 if billing.should_pause(pause_start, exc.message):
                     clock.sleep(BILLING_PAUSE_S, "billing-pause")
                     start += clock.monotonic() - pause_start
+                    watch.useful()
                     if exiting():
                         raise
                     continue
@@ -435,12 +517,32 @@ def submission_loop(
                     on_exception(exc, info, attempt, elapsed)
                 except Exception:
                     logger.warning("submission-loop observer failed", exc_info=True)
-            if not info.retryable or elapsed >= budget_s or exiting():
+            if not info.retryable or max_retries == 0 or exiting():
                 raise
+            if reached is not None and not reached():
+                raise
+            if info.status_code is None or info.status_code >= 500:
+                stalled = watch.unhealthy(exc) if stall_timeout is not None else None
+                if stalled is not None:
+                    raise stalled from exc
+            else:
+                watch.useful()
+            if elapsed >= budget_s:
+                raise
+            reason = stop() if stop is not None else None
+            if reason is not None:
+                raise reason from exc
             wait = min(holder_backoff(attempt), start + budget_s - now)
             if wait <= 0:  # the budget is spent (float rounding can land a hair under it)
                 raise
             attempt += 1
+            if attempt == 1:
+                logger.info(
+                    "%s failed (%s); retrying for up to %.0f s more",
+                    what,
+                    describe_failure(exc),
+                    start + budget_s - now,
+                )
             emit_hook(
                 hooks,
                 "retry_scheduled",

@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from tinker_sync._auth import make_auth
 from tinker_sync._clock import SYSTEM_CLOCK, Clock, exiting
@@ -46,6 +46,7 @@ from tinker_sync._config import (
     Timeout,
 )
 from tinker_sync._fork import make_lock
+from tinker_sync._health import Health
 from tinker_sync._ratelimit import Limiter, limiter_for
 from tinker_sync._retry import BillingPause, send_with_retries, submission_loop
 from tinker_sync._telemetry import Telemetry
@@ -58,6 +59,7 @@ from tinker_sync.exceptions import (
 )
 
 log = logging.getLogger("tinker_sync.session")
+T = TypeVar("T")
 
 HEARTBEAT_INTERVAL_S = 10.0
 HEARTBEAT_WARN_AFTER_S = 120.0
@@ -96,6 +98,8 @@ class Session:
         self.dynamic = DynamicConfig()
         self.session_id: str | None = None
         self.billing = BillingPause()
+        #: Reachability, the "cannot reach" warning and the progress of pending requests.
+        self.health = Health(config.normalized_base_url, clock)
         self.telemetry: Telemetry | None = None
         self._transport: Transport | None = None
         self._limiter: Limiter | None = None
@@ -222,7 +226,7 @@ class Session:
         raw = Transport(
             self.config,
             auth=StaticKeyAuth(self.config.credentials),
-            hooks=self.hooks,
+            hooks=(*self.hooks, self.health.observe),
             clock=self.clock,
         )
         if self._shadow:
@@ -346,11 +350,32 @@ class Session:
     # ---------------------------------------------------------------- requests
 
     def _loop(self, transport: Transport, spec: RequestSpec) -> Reply:
+        return self.retry_loop(
+            lambda: send_with_retries(transport, spec), f"{spec.method} {spec.path}"
+        )
+
+    def retry_loop(
+        self,
+        fn: Callable[[], T],
+        what: str,
+        stop: Callable[[], BaseException | None] | None = None,
+    ) -> T:
+        """``fn()`` inside the submission loop, bounded by this client's knobs.
+
+        ``max_retries=0`` retries nothing here; a server that never answered gets only the
+        HTTP layer's retries; otherwise retries last until ``stall_timeout`` passes without a
+        useful answer (then StalledError naming ``what``); ``stop()`` may end it sooner.
+        """
         return submission_loop(
-            lambda: send_with_retries(transport, spec),
+            fn,
             clock=self.clock,
             billing=self.billing,
             hooks=self.hooks,
+            max_retries=self.config.max_retries,
+            stall_timeout=self.config.stall_timeout,
+            reached=lambda: self.health.reached,
+            what=what,
+            stop=stop,
         )
 
     def request(self, spec: RequestSpec, *, loop: bool = True) -> Reply:

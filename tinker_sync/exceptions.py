@@ -19,7 +19,8 @@ what the server did through ``outcome`` (a :class:`RequestOutcome`)::
     |   |-- InternalServerError                   5xx after retries (an APIStatusError)
     |   |-- APIResponseValidationError            a 2xx body that does not fit the schema
     |   |-- FutureExpiredError                    a poll got 410 (sampling resubmits)
-    |   `-- FuturePollError                       polling an accepted future failed for good
+    |   |-- FuturePollError                       polling an accepted future failed for good
+    |   `-- StalledError                          no useful answer for stall_timeout seconds
     |
     `-- server said no (REJECTED: the operation did not take effect)
         |-- APIStatusError                        any other status after retries
@@ -76,12 +77,54 @@ __all__ = [
     "RequestSnapshot",
     "ResponseSnapshot",
     "SamplingStuckError",
+    "StalledError",
     "TinkerError",
     "TokenizerLoadError",
     "TokenizerUnavailableError",
     "UnprocessableEntityError",
+    "server_words",
     "status_error_class",
 ]
+
+#: Longest excerpt of a server's reply kept in an exception message.
+SERVER_WORDS_MAX = 500
+
+
+def server_words(body: object, limit: int = SERVER_WORDS_MAX) -> str:
+    """The server's own words in a reply body, scrubbed and at most ``limit`` characters.
+
+    A JSON object's ``detail`` / ``message`` / ``error`` (FastAPI validation lists are joined),
+    else the text itself; ``""`` when there is nothing to show::
+
+        server_words({"detail": "LoRA rank 1000 must be between 1 and 32"})
+        == "LoRA rank 1000 must be between 1 and 32"
+    """
+    if isinstance(body, (bytes, bytearray)):
+        text = bytes(body[: 4 * limit + 4096]).decode("utf-8", "replace")
+        try:
+            body = _json.loads(text)
+        except ValueError:
+            body = text
+    words = _words(body)
+    words = " ".join(scrub(words).split())
+    if len(words) > limit:
+        words = words[: limit - 3].rstrip() + "..."
+    return words
+
+
+def _words(body: object) -> str:
+    if body is None:
+        return ""
+    if isinstance(body, str):
+        return body
+    if isinstance(body, dict):
+        for key in ("detail", "message", "error", "msg"):
+            if key in body and body[key] not in (None, ""):
+                return _words(body[key])
+        return _json.dumps(body, default=str)
+    if isinstance(body, (list, tuple)):
+        return "; ".join(w for w in (_words(item) for item in body) if w)
+    return str(body)
 
 
 class RequestOutcome(str, enum.Enum):
@@ -387,13 +430,42 @@ class FutureExpiredError(TinkerError):
 
 
 class FuturePollError(TinkerError, ValueError):
-    """Polling an accepted future failed for good (401/403/404/409/422, 400s, 402)."""
+    """Polling an accepted future failed for good (401/403/404/409/422, 400s, 402).
+
+    The message carries the status, the request id and the server's own words.
+    """
 
     outcome = RequestOutcome.UNKNOWN
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status_code: int | None = None, request_id: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.request_id = request_id
+
+
+class StalledError(TinkerError):
+    """A pending call had no useful answer for ``stall_timeout`` seconds: every attempt was a
+    connection error, a timeout or a 5xx. The message names the last status or error and the
+    server's last words; ``__cause__`` is the last failure. Not retried automatically.
+    ``outcome`` is NOT_SENT when no attempt of the call reached the server, else UNKNOWN.
+    """
+
+    outcome = RequestOutcome.UNKNOWN
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        request_id: str | None = None,
+        stalled_for: float = 0.0,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.request_id = request_id
+        self.stalled_for = stalled_for
 
 
 class ClientClosedError(TinkerError, RuntimeError):

@@ -65,6 +65,7 @@ from tinker_sync._clock import Clock
 from tinker_sync._executor import Claimable, call_later, pool
 from tinker_sync._fork import make_lock, register_after_fork
 from tinker_sync._futures import APIFuture
+from tinker_sync._health import StallWatch
 from tinker_sync._polldecide import Decision
 from tinker_sync._poller import SessionFuturesPoller, cancel_queue_for
 from tinker_sync._polling import Poll
@@ -735,6 +736,7 @@ class _SampleJob:
         self._released = False
         self.fut: APIFuture[Any] = APIFuture(on_cancel=self._on_cancel, description="Sample")
         self.fut._owner = self.session  # type: ignore[attr-defined]
+        self._stall = StallWatch(self.session.clock, self.session.config.stall_timeout, "Sample")
 
     # ---------------------------------------------------------------- stop conditions
 
@@ -899,7 +901,7 @@ class _SampleJob:
 
     def _dispatch(self, spec: RequestSpec) -> UntypedAPIFuture:
         """Gates (B12) -> shared backoff (B13) -> send; 429 / billing 402 resend the seq_id."""
-        from tinker_sync._retry import send_with_retries, submission_loop
+        from tinker_sync._retry import send_with_retries
 
         session = self.session
         limiter = session.limiter
@@ -925,7 +927,7 @@ class _SampleJob:
                 return from_json(UntypedAPIFuture, reply.json())
 
         with limiter.dispatch(self.estimate, self.stop_reason):
-            return submission_loop(send, clock=clock, billing=session.billing, hooks=session.hooks)
+            return session.retry_loop(send, "sample", stop=self.stop_reason)
 
     # ---------------------------------------------------------------- settling
 
@@ -947,6 +949,11 @@ class _SampleJob:
             if request_id is not None:
                 self._server_cancel(request_id)
         if error is not None and self.retry and self.config.is_retryable(error):
+            stalled = self._stalled(error)
+            if stalled is not None:
+                self._release(progressed=False)
+                self.fut._fail(stalled)
+                return
             handler = self.handler
             if handler is not None and handler.stuck():
                 stuck = self._stuck_error()
@@ -978,6 +985,17 @@ class _SampleJob:
             self.fut._fail(error)
         else:
             self.fut._resolve(value)
+
+    def _stalled(self, error: BaseException) -> BaseException | None:
+        """The user's knobs bound this layer too: ``max_retries=0`` (no retry: ``error``) and
+        ``stall_timeout`` without a useful answer (a StalledError)."""
+        if self.session.config.max_retries == 0:
+            return error
+        status = getattr(error, "status_code", None)
+        if isinstance(status, int) and status < 500:
+            self._stall.useful()
+            return None
+        return self._stall.unhealthy(error, request_id=self.request_id)
 
     def _release(self, *, progressed: bool) -> None:
         with self._lock:

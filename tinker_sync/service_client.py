@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -29,6 +30,7 @@ from tinker_sync._asyncio import blocking_alias
 from tinker_sync._clock import SYSTEM_CLOCK, Clock
 from tinker_sync._config import ClientConfig, Timeout, normalize_base_url
 from tinker_sync._futures import APIFuture
+from tinker_sync._health import PendingFuture, summarize
 from tinker_sync._polldecide import Decision
 from tinker_sync._polling import Poll
 from tinker_sync._queuestate import QueueStateReporter
@@ -76,7 +78,13 @@ class ServiceClient:
     :param api_key: falls back to ``TINKER_API_KEY``, ``TINKER_CREDENTIAL_CMD``,
         ``~/.tinker/credentials.json`` (resolved at first use).
     :param timeout: seconds or :class:`Timeout` for ordinary requests (default 60, connect 5).
-    :param max_retries: HTTP-level retries per request (default 10).
+    :param max_retries: retries per request (default 10), across every retry layer: ``0``
+        means one attempt. A server that never answered is given up on after ``timeout``
+        seconds of retries (default 60).
+    :param stall_timeout: seconds a pending call may go without a useful answer (only
+        connection errors, timeouts or 5xx) before it fails with
+        :class:`~tinker_sync.StalledError` (default ``TINKER_STALL_TIMEOUT``, else 600: long
+        enough to ride out a server restart).
     :param pickle_credentials: let pickled SamplingClients carry the API key (default False).
     :param max_workers: accepted for compatibility and validated, but it sizes nothing: the
         SDK's thread pools are process-wide and shared by every client (sizes per role:
@@ -96,6 +104,7 @@ class ServiceClient:
         default_headers: Mapping[str, str] | None = None,
         timeout: float | Timeout | None = None,
         max_retries: int | None = None,
+        stall_timeout: float | None = None,
         max_workers: int | None = None,
         pickle_credentials: bool = False,
         hooks: tuple[Hook, ...] | list[Hook] | None = None,
@@ -118,6 +127,7 @@ class ServiceClient:
             default_headers_overrides=default_headers_overrides,
             timeout=timeout,
             max_retries=max_retries,
+            stall_timeout=stall_timeout,
             clock=_clock,
         )
         self._clock = _clock
@@ -133,6 +143,7 @@ class ServiceClient:
         self._close_future: APIFuture[None] | None = None
         self._rest: RestClient | None = None
         self._session.add_close_listener(self._fail_pending)
+        self._session.health.describe_pending = self._describe_pending
 
     def _fail_pending(self) -> None:
         from tinker_sync._futures import fail_pending
@@ -142,6 +153,59 @@ class ServiceClient:
             lambda fut: ClientClosedError(f"{fut!r} was still pending when its client closed"),
             owner=self._session,
         )
+
+    def pending(self) -> list[PendingFuture]:
+        """Every call of this client (and its RestClient) that has not finished, oldest first.
+
+        Each entry has ``kind``, ``request_id``, ``age`` (s), ``attempts``, ``last_status``
+        (e.g. ``"HTTP 503"``, ``"APIConnectError"``, ``"try_again"``) and ``queue_state``
+        (e.g. ``"paused_rate_limit"``): the answer to "why is my run stuck?"::
+
+            for p in service.pending():
+                print(p.kind, p.request_id, f"{p.age:.0f}s", p.last_status, p.queue_state)
+        """
+        from tinker_sync._futures import pending_futures
+
+        sessions = [self._session]
+        owners: list[object] = [self._session]
+        if self._rest is not None:
+            sessions.append(self._rest._session)
+            owners.append(self._rest)
+        progress = {p.request_id: p for s in sessions for p in s.health.tracked()}
+        now = time.monotonic()
+        out: list[PendingFuture] = []
+        for fut in pending_futures():
+            if not any(getattr(fut, "_owner", None) is owner for owner in owners):
+                continue
+            rid = fut.request_id
+            found = [progress.pop(r) for r in fut.request_ids if r in progress]
+            last = found[-1] if found else None
+            out.append(
+                PendingFuture(
+                    kind=fut._description or "call",
+                    request_id=rid,
+                    age=now - fut._created,
+                    attempts=sum(p.attempts for p in found),
+                    last_status=last.last_status if last else (None if rid else "submitting"),
+                    queue_state=last.queue_state if last else None,
+                )
+            )
+        for p in progress.values():  # polls without a future (blocking creation calls)
+            out.append(
+                PendingFuture(
+                    kind=p.kind,
+                    request_id=p.request_id,
+                    age=now - p.started,
+                    attempts=p.attempts,
+                    last_status=p.last_status,
+                    queue_state=p.queue_state,
+                )
+            )
+        out.sort(key=lambda p: -p.age)
+        return out
+
+    def _describe_pending(self) -> str:
+        return summarize([p.kind for p in self.pending()])
 
     def __repr__(self) -> str:
         sid = self._session.session_id

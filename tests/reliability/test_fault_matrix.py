@@ -610,7 +610,7 @@ def test_cell(fk: FaultKind, target: str) -> None:
 
 def test_refused_for_good_fails_typed_as_not_sent() -> None:
     """Connections refused longer than every retry budget (on fake clocks): training and REST
-    calls fail with APIConnectError, outcome NOT_SENT; sampling, which retries connection
+    calls fail typed (StalledError, APIConnectError), outcome NOT_SENT; sampling, which retries connection
     errors without a count limit (B15), fails with SamplingStuckError once its progress timeout
     passes -- and indeed nothing reached the server. One client (and clock) per call, each
     starting at virtual time 0 (see test_submission_budget_ends_whatever_the_clock_reads)."""
@@ -637,16 +637,22 @@ def test_refused_for_good_fails_typed_as_not_sent() -> None:
             ]
             wait_all(futures, HANG)
             train_exc, sample_exc, rest_exc = (f.exception(0) for f in futures)
+            # training (its server answered before): retried until stall_timeout, then a stall
+            # that knows no attempt reached the server; REST (this client never got an
+            # answer): the HTTP retries within `timeout` were its whole budget
+            assert isinstance(train_exc, tinker_sync.StalledError), repr(train_exc)
+            assert isinstance(train_exc.__cause__, tinker_sync.APIConnectError)
+            assert isinstance(rest_exc, tinker_sync.APIConnectError), repr(rest_exc)
             for exc in (train_exc, rest_exc):
-                assert isinstance(exc, tinker_sync.APIConnectError), repr(exc)
                 assert exc.outcome is RequestOutcome.NOT_SENT
             # that error cannot know what the server did with earlier attempts: UNKNOWN
             assert isinstance(sample_exc, tinker_sync.SamplingStuckError), repr(sample_exc)
             assert sample_exc.outcome is RequestOutcome.UNKNOWN
             assert sum(r.endpoint != "session_heartbeat" for r in server.requests.all()) == 0
             assert applied(server, training.model_id) == [(0, "CreateModel")]
-            # the 300 s submission budget (HTTP retries included) ran on the fake clock
-            assert sum(seconds for seconds, _ in clocks[0].sleeps) >= 300
+            # the 600 s stall_timeout (HTTP retries included) ran on the fake clock
+            assert sum(seconds for seconds, _ in clocks[0].sleeps) >= 600
+            assert sum(seconds for seconds, _ in clocks[2].sleeps) <= 60
         finally:
             for service in services:
                 service.close()
