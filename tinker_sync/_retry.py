@@ -273,7 +273,7 @@ def permanent_connect_failure(exc: BaseException) -> str | None:
     answered in plain HTTP (an ``https://`` URL for an ``http://`` server), and a certificate
     that does not verify: retrying only makes the user wait for the same error.
     """
-    for e in _causes(exc):
+    for e in related(exc):
         if isinstance(e, socket.gaierror) and e.errno != socket.EAI_AGAIN:
             return "the host name does not resolve; check the base URL for typos"
         if isinstance(e, ssl.SSLCertVerificationError):
