@@ -45,6 +45,9 @@ VOCAB = 256
 _HOLD = {"warmup": 200, "slack_s": 3.0, "settle_s": 1.0, "margin_s": 1.0}
 _HOLD_SMOKE = {"warmup": 5, "slack_s": 0.5, "settle_s": 0.2, "margin_s": 0.2}
 
+#: P10: the same total number of samples, and in flight, split over each count of processes.
+_SCALEOUT = {"procs": [1, 2, 4], "prompt": 64, "max_tokens": 16}
+
 #: Per mode and benchmark: the workload size and the repetition counts. ``warmup`` runs are not
 #: recorded. ``reps`` >= 5 in the full mode, >= 3 under --quick, 1 under --smoke.
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
@@ -56,6 +59,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "poller": {"n": 1000, "window_s": 3.0, **_HOLD, "reps": 5},
         "latency": {"n": 100, "prompt": 64, "max_tokens": 16, "warmup": 20, "reps": 7},
         "import": {"warmup": 2, "reps": 15},
+        "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 3000, "warmup": 100, "reps": 5},
     },
     "quick": {
         "sample": {"n": 500, "prompt": 64, "max_tokens": 16, "warmup": 100, "reps": 3},
@@ -65,6 +69,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "poller": {"n": 1000, "window_s": 1.0, **_HOLD, "reps": 3},
         "latency": {"n": 50, "prompt": 64, "max_tokens": 16, "warmup": 10, "reps": 5},
         "import": {"warmup": 1, "reps": 5},
+        "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 1000, "warmup": 50, "reps": 3},
     },
     "smoke": {
         "sample": {"n": 20, "prompt": 64, "max_tokens": 16, "warmup": 0, "reps": 1},
@@ -74,6 +79,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "poller": {"n": 10, "window_s": 0.3, **_HOLD_SMOKE, "reps": 1},
         "latency": {"n": 3, "prompt": 64, "max_tokens": 16, "warmup": 0, "reps": 1},
         "import": {"warmup": 0, "reps": 1},
+        "scaleout": {**_SCALEOUT, "concurrency": 8, "n": 24, "warmup": 0, "reps": 1},
     },
 }
 

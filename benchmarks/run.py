@@ -27,6 +27,9 @@ P5  client CPU-s while n futures wait on held polls              <= 0.05 per 10 
 P6  peak threads with n pending samples, session poller on       <= 64
 P7  single-sample latency p50 (sequential)                       ours / limit <= 1.2
 P8  ``import tinker_sync`` wall time (fresh interpreter)         ratio <= 0.5 vs ``import tinker``
+P10 sample throughput from 4 worker processes vs 1, same total    4 processes >= 0.9 x 1 process;
+    concurrency; client CPU per sample; spawned worker start to    first sample <= 500 ms (median)
+    its first sample (tinker_sync only)
 ==  ==========================================================  ==================================
 
 Plus peak RSS of the P1 and P6 workers (no goal). Output: a table on stdout and JSON (``--out``,
@@ -66,6 +69,7 @@ WORKERS = {
     "official": BENCH_DIR / "_worker_official.py",
     "raw": BENCH_DIR / "_worker_raw.py",
     "codec": BENCH_DIR / "_worker_codec.py",
+    "scaleout": BENCH_DIR / "_worker_scaleout.py",
 }
 #: Which workers run each bench (``import`` runs in this process, timing fresh interpreters).
 BENCH_WORKERS: dict[str, tuple[str, ...]] = {
@@ -76,6 +80,7 @@ BENCH_WORKERS: dict[str, tuple[str, ...]] = {
     "poller": ("ours", "official"),
     "latency": ("ours", "official", "raw"),
     "import": (),
+    "scaleout": ("scaleout",),
 }
 #: Benches whose rows are ratios of wall times: their repetitions run in rounds, one worker
 #: process per SDK per round (ours, official, raw, ours, ...), so a slow spell of a shared
@@ -267,6 +272,45 @@ ROWS: tuple[Row, ...] = (
         judge=lambda m, r, s: _le(r, 0.5),
         detail=(("ours_with_ServiceClient_ms", "import", "ours_with_client", 1e3),),
     ),
+    # P10 (scale-out, benchmarks/_worker_scaleout.py): tinker_sync only; the "limit" column
+    # holds the same workload from 1 worker process, "ours" from 4.
+    Row(
+        "P10",
+        "sample throughput, 4 worker processes (limit: 1)",
+        "samples/s",
+        "scaleout",
+        (("ours", "scaleout", "samples_per_s_4"), ("limit", "scaleout", "samples_per_s_1")),
+        "4 processes >= 0.9 x 1 process",
+        ratio_of="limit",
+        judge=lambda m, r, s: _ge(r, 0.9),
+        detail=(("samples_per_s_2_processes", "scaleout", "samples_per_s_2", 1.0),),
+    ),
+    Row(
+        "P10-CPU",
+        "client CPU per sample, 4 processes (limit: 1)",
+        "CPU-ms/sample",
+        "scaleout",
+        (("ours", "scaleout", "cpu_s_per_sample_4"), ("limit", "scaleout", "cpu_s_per_sample_1")),
+        None,
+        ratio_of="limit",
+        scale=1e3,
+        detail=(("cpu_ms_per_sample_2_processes", "scaleout", "cpu_s_per_sample_2", 1e3),),
+    ),
+    Row(
+        "P10-FIRST",
+        "spawned worker start to first sample (median)",
+        "ms",
+        "scaleout",
+        (("ours", "scaleout", "first_sample_s"),),
+        "median <= 500 ms",
+        scale=1e3,
+        judge=lambda m, r, s: _le(m["ours"], 500.0),
+        detail=(
+            ("max_ms", "scaleout", "first_sample_max_s", 1e3),
+            ("from_launch_ms", "scaleout", "first_sample_from_launch_s", 1e3),
+            ("forkserver_preloaded_ms", "scaleout", "first_sample_forkserver_s", 1e3),
+        ),
+    ),
     Row(
         "P1-RSS",
         "peak RSS of the P1 worker",
@@ -379,7 +423,7 @@ def bench_import(size: dict[str, Any]) -> dict[str, Any]:
 
 
 def _needed_benches(rows: list[Row]) -> list[str]:
-    order = ["sample", "train", "codec", "held", "poller", "latency", "import"]
+    order = ["sample", "train", "codec", "held", "poller", "latency", "import", "scaleout"]
     wanted = {row.bench for row in rows}
     return [b for b in order if b in wanted]
 
@@ -405,7 +449,7 @@ def collect(
                 # One process per worker for all benches: toy sizes, start-up dominates.
                 plan = [
                     (worker, [b for b in server_benches if worker in BENCH_WORKERS[b]])
-                    for worker in ("ours", "official", "raw", "codec")
+                    for worker in ("ours", "official", "raw", "codec", "scaleout")
                 ]
             else:
                 plan = []
