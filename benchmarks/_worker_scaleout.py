@@ -180,7 +180,7 @@ def bench_scaleout(url: str, api_key: str, size: dict[str, Any]) -> dict[str, An
         out["first_sample_max_s"] = max(every_first)
         # The same start-up through a forkserver that preloaded tinker_sync: the fix for short-
         # lived workers (each is forked from a process that already imported the SDK).
-        if "forkserver" in multiprocessing.get_all_start_methods():
+        if "forkserver" in multiprocessing.get_all_start_methods():  # POSIX
             small = {**size, "n": max(procs), "warmup": 0}
             out["first_sample_forkserver_s"] = [
                 statistics.median(

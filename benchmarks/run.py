@@ -298,17 +298,20 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "P10-FIRST",
-        "spawned worker start to first sample (median)",
+        "worker start to first sample, spawn (limit: forkserver-preloaded)",
         "ms",
         "scaleout",
-        (("ours", "scaleout", "first_sample_s"),),
+        (
+            ("ours", "scaleout", "first_sample_s"),
+            ("limit", "scaleout", "first_sample_forkserver_s"),
+        ),
         "median <= 500 ms",
+        ratio_of="limit",
         scale=1e3,
         judge=lambda m, r, s: _le(m["ours"], 500.0),
         detail=(
             ("max_ms", "scaleout", "first_sample_max_s", 1e3),
             ("from_launch_ms", "scaleout", "first_sample_from_launch_s", 1e3),
-            ("forkserver_preloaded_ms", "scaleout", "first_sample_forkserver_s", 1e3),
         ),
     ),
     Row(
