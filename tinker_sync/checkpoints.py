@@ -38,6 +38,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
 from tinker_sync._clock import SYSTEM_CLOCK, Clock
+from tinker_sync._paths import parse_checkpoint_path
 from tinker_sync.exceptions import (
     APIConnectionError,
     APITimeoutError,
@@ -45,7 +46,6 @@ from tinker_sync.exceptions import (
     ResponseSnapshot,
     status_error_class,
 )
-from tinker_sync.types import ParsedCheckpointTinkerPath
 
 if TYPE_CHECKING:
     import requests
@@ -70,10 +70,10 @@ TIMEOUT = (5.0, 60.0)
 
 
 def target_dir_name(tinker_path: str) -> str:
-    """``<run>_<kind>_<name>`` for ``tinker://<run>/<kind>/<name>`` (ValueError if malformed)."""
-    parsed = ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
-    kind, name = parsed.checkpoint_id.split("/", 1)
-    return f"{parsed.training_run_id}_{kind}_{name}"
+    """``<run>_<kind>_<name>`` for ``tinker://<run>/<kind>/<name>``, ``<run>_<name>`` for
+    ``tinker://<run>/<name>`` (ValueError if malformed)."""
+    parsed = parse_checkpoint_path(tinker_path)
+    return f"{parsed.training_run_id}_{parsed.checkpoint_id.replace('/', '_', 1)}"
 
 
 def download(
@@ -87,7 +87,9 @@ def download(
 ) -> Path:
     """Download a training or external-weights checkpoint; return the directory written.
 
-    :param tinker_path: ``tinker://<run>/weights/<name>`` or ``.../external_weights/<name>``.
+    :param tinker_path: ``tinker://<run>/weights/<name>`` or ``.../external_weights/<name>``
+        (or ``tinker://<run>/<name>`` from servers that name no kind: exported like a
+        training checkpoint, by the server that issued the path).
     :param output_dir: parent directory (created if missing); the files land in
         ``<output_dir>/<run>_<kind>_<name>/``.
     :param force: replace that directory if it exists (else ``FileExistsError``, before any
@@ -97,7 +99,7 @@ def download(
         temporary training run then lives in its session. Without one, clients are built from
         the environment and closed before returning.
     """
-    parsed = ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
+    parsed = parse_checkpoint_path(tinker_path)
     if parsed.checkpoint_type == "sampler":
         raise ValueError(
             f"sampler checkpoints cannot be downloaded: {tinker_path!r} (download the training "
@@ -224,7 +226,7 @@ class _Fetcher:
 
     def _size_of(self, rest: RestClient, tinker_path: str) -> int:
         """The checkpoint's ``size_bytes`` from its run's listing (0 when unknown)."""
-        parsed = ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
+        parsed = parse_checkpoint_path(tinker_path)
         try:
             listing = rest.list_checkpoints(parsed.training_run_id).result()
         except Exception as exc:

@@ -35,6 +35,7 @@ from tinker_sync._clock import SYSTEM_CLOCK, Clock
 from tinker_sync._config import ClientConfig, Timeout, jwt_claims
 from tinker_sync._executor import pool
 from tinker_sync._futures import APIFuture, fail_pending
+from tinker_sync._paths import CheckpointPath, parse_checkpoint_path
 from tinker_sync._redact import register_secret
 from tinker_sync._retry import send_with_retries
 from tinker_sync._session import Session
@@ -124,10 +125,8 @@ def _check_scope(value: object) -> AccessScope:
     raise ValueError(f"access_scope must be 'owned' or 'accessible', got {value!r}")
 
 
-def _parse_path(tinker_path: object) -> ParsedCheckpointTinkerPath:
-    if not isinstance(tinker_path, str):
-        raise TypeError(f"tinker_path must be a str, got {type(tinker_path).__name__}")
-    return ParsedCheckpointTinkerPath.from_tinker_path(tinker_path)
+def _parse_path(tinker_path: object) -> CheckpointPath:
+    return parse_checkpoint_path(tinker_path)
 
 
 def _checkpoint_path(run_id: str, checkpoint_id: str) -> str:
@@ -485,11 +484,9 @@ class RestClient:
         """Delete the checkpoint at a ``tinker://`` path."""
         with sdk_method_scope(f"{_CLASS}.delete_checkpoint_from_tinker_path"):
             parsed = _parse_path(tinker_path)
-            return self._delete(
-                "delete_checkpoint_from_tinker_path",
-                parsed.training_run_id,
-                parsed.checkpoint_id,
-            )
+            path = _checkpoint_path(parsed.training_run_id, parsed.checkpoint_id)
+            spec = self._spec("DELETE", path)
+            return self._call("delete_checkpoint_from_tinker_path", spec, _ignore)
 
     def _delete(self, name: str, training_run_id: object, checkpoint_id: object) -> APIFuture[None]:
         run_id = _check_str("training_run_id", training_run_id)

@@ -27,9 +27,10 @@ from tinker_sync.cli._output import (
 )
 
 if TYPE_CHECKING:
+    from tinker_sync._paths import CheckpointPath
     from tinker_sync.rest_client import RestClient
     from tinker_sync.service_client import ServiceClient
-    from tinker_sync.types import Checkpoint, ParsedCheckpointTinkerPath, TrainingRun
+    from tinker_sync.types import Checkpoint, TrainingRun
 
 __all__ = ["Context", "register"]
 
@@ -89,11 +90,11 @@ class Context:
 Handler = Callable[[argparse.Namespace, Context], int]
 
 
-def _parse_path(path: str) -> ParsedCheckpointTinkerPath:
-    from tinker_sync.types import ParsedCheckpointTinkerPath
+def _parse_path(path: str) -> CheckpointPath:
+    from tinker_sync._paths import parse_checkpoint_path
 
     try:
-        return ParsedCheckpointTinkerPath.from_tinker_path(path)
+        return parse_checkpoint_path(path)
     except ValueError as exc:
         raise UsageError(f"Invalid checkpoint path: {exc}", PATH_HINT) from None
 
@@ -311,7 +312,7 @@ def cmd_checkpoint_list(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-def _find_checkpoint(ctx: Context, path: str) -> tuple[Checkpoint, ParsedCheckpointTinkerPath]:
+def _find_checkpoint(ctx: Context, path: str) -> tuple[Checkpoint, CheckpointPath]:
     parsed = _parse_path(path)
     listing = ctx.rest().list_checkpoints(parsed.training_run_id).result()
     for ckpt in listing.checkpoints:
