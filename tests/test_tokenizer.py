@@ -889,3 +889,29 @@ def test_hub_loader_against_a_fake_endpoint(tmp_path: Path) -> None:
     assert list(
         (tmp_path / "hf_home" / "hub").glob("models--org--model/snapshots/*/tokenizer.json")
     )
+
+
+def test_a_local_model_directory_loads_its_own_tokenizer_files(tmp_path: Path) -> None:
+    """Servers serving local checkpoints send no tokenizer id: the model name is a path."""
+    directory = tmp_path / "models" / "step-100"  # "a/b/c"-shaped: never cut to "org/model"
+    directory.mkdir(parents=True)
+    bytetok.build_byte_tokenizer().save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eos|>"}))
+    (directory / "chat_template.jinja").write_text("{{ messages }}")
+    name = str(directory)
+    assert resolve_tokenizer_id(name) == name
+
+    def no_hub(tokenizer_id: str, revision: str | None) -> TinkerTokenizer:
+        raise AssertionError(f"the Hub loader was asked for {tokenizer_id!r}")
+
+    previous = set_tokenizer_loader(no_hub)
+    try:
+        tok = load_tokenizer(name)
+        assert tok.name_or_path == name and tok.chat_template == "{{ messages }}"
+        assert tok.decode(tok.encode("héllo", add_special_tokens=False)) == "héllo"
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(TokenizerLoadError, match="without a tokenizer.json"):
+            load_tokenizer(str(tmp_path / "empty"))
+    finally:
+        set_tokenizer_loader(previous)
+        tokmod._reset_tokenizer_cache()

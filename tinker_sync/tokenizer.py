@@ -14,7 +14,10 @@ Resolution (:func:`resolve_tokenizer_id`, the official SDK's order): a server-pr
 tokenizer id, cut at its first ``:``, wins and skips every rule below. Otherwise the model name
 is cut at its first ``:``; ``meta-llama/Llama-3*`` maps to
 ``thinkingmachineslabinc/meta-llama-3-instruct-tokenizer``, ``org/model/variant`` to
-``org/model``, anything else to itself. Ids under ``tinker-sync/`` are built in
+``org/model``, anything else to itself. A model name that is a local directory (servers
+that serve local checkpoints send no tokenizer id) loads ``tokenizer.json`` (and
+``tokenizer_config.json`` / ``chat_template.jinja``) from it and is never rewritten into a Hub
+id. Ids under ``tinker-sync/`` are built in
 (``tinker-sync/byte``; the local model names ``tinker-sync/tiny`` and ``tinker-sync/instant``
 resolve to it). ``TML/...`` and ``thinkingmachines/...`` ids and the Kimi models that need
 ``trust_remote_code`` cannot be loaded without ``transformers`` and raise
@@ -106,11 +109,16 @@ _SPECIAL_KEYS = (
 
 
 def resolve_tokenizer_id(model_name: str, server_tokenizer_id: str | None = None) -> str:
-    """Return the tokenizer id used for ``model_name`` (pure; never raises for a string).
+    """Return the tokenizer id used for ``model_name`` (never raises for a string).
+
+    A name (or server id) that is an existing local directory is returned unchanged.
 
     ``server_tokenizer_id`` is ``get_info().model_data.tokenizer_id`` (None or "" when the
     server sent none; a SamplingClient has none). See the module docstring for the rules.
     """
+    for candidate in (server_tokenizer_id, None if server_tokenizer_id else model_name):
+        if candidate and os.path.isdir(candidate):
+            return candidate  # a local directory: a path, never rewritten into a Hub id
     if server_tokenizer_id:
         tokenizer_id = server_tokenizer_id.split(":", 1)[0]
     else:
@@ -509,8 +517,18 @@ def _fetch_tokenizer_config(
         hub: Any = importlib.import_module("huggingface_hub")
     except ImportError:
         return None
+    return _read_config(
+        tokenizer_id,
+        _hub_file(hub, tokenizer_id, "tokenizer_config.json", revision, token),
+        lambda: _hub_file(hub, tokenizer_id, "chat_template.jinja", revision, token),
+    )
+
+
+def _read_config(
+    tokenizer_id: str, path: str | None, template: Callable[[], str | None]
+) -> dict[str, Any] | None:
+    """tokenizer_config.json at ``path``, plus ``template()``'s file when it has no template."""
     config: dict[str, Any] | None = None
-    path = _hub_file(hub, tokenizer_id, "tokenizer_config.json", revision, token)
     if path is not None:
         try:
             with open(path, encoding="utf-8") as fh:
@@ -523,11 +541,37 @@ def _fetch_tokenizer_config(
             raise TokenizerLoadError(f"tokenizer_config.json of {tokenizer_id!r} is not an object")
         config = loaded
     if config is None or not config.get("chat_template"):
-        template_path = _hub_file(hub, tokenizer_id, "chat_template.jinja", revision, token)
+        template_path = template()
         if template_path is not None:
             with open(template_path, encoding="utf-8") as fh:
                 config = {**(config or {}), "chat_template": fh.read()}
     return config
+
+
+def _existing(path: str) -> str | None:
+    return path if os.path.isfile(path) else None
+
+
+def _load_from_dir(directory: str) -> TinkerTokenizer:
+    """A local model directory (a server serving a local checkpoint sends no tokenizer id):
+    its ``tokenizer.json``, ``tokenizer_config.json`` and ``chat_template.jinja``."""
+    tokenizer_file = os.path.join(directory, "tokenizer.json")
+    if not os.path.isfile(tokenizer_file):
+        raise TokenizerLoadError(
+            f"the model name {directory!r} is a local directory without a tokenizer.json"
+        )
+    try:
+        backend = Tokenizer.from_file(tokenizer_file)
+    except Exception as exc:
+        raise TokenizerLoadError(
+            f"could not load {tokenizer_file!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    config = _read_config(
+        directory,
+        _existing(os.path.join(directory, "tokenizer_config.json")),
+        lambda: _existing(os.path.join(directory, "chat_template.jinja")),
+    )
+    return TinkerTokenizer(backend, name_or_path=directory, config=config)
 
 
 def _load_from_hub(tokenizer_id: str, revision: str | None) -> TinkerTokenizer:
@@ -638,6 +682,8 @@ def _get_or_load(key: _Key) -> TinkerTokenizer:
     try:
         if tokenizer_id.startswith(_BUILTIN_PREFIX):
             tokenizer = _build_builtin(tokenizer_id)
+        elif os.path.isdir(tokenizer_id):
+            tokenizer = _load_from_dir(tokenizer_id)
         else:
             tokenizer = loader(tokenizer_id, revision)
         if not isinstance(tokenizer, TinkerTokenizer):
