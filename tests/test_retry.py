@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import requests.exceptions
+import urllib3.exceptions
 
 from tinker_sync._clock import FakeClock
 from tinker_sync._config import ClientConfig
@@ -199,8 +199,8 @@ CLASSIFY_TABLE: list[tuple[BaseException, bool, bool]] = [
     (FutureExpiredError("gone"), False, False),
     (RequestFailedError("bad input", category="user"), False, True),
     (RequestFailedError("oops", category="server"), False, False),
-    (requests.exceptions.ConnectionError("raw"), True, False),
-    (requests.exceptions.ReadTimeout("raw"), True, False),
+    (urllib3.exceptions.ProtocolError("raw"), True, False),
+    (urllib3.exceptions.ReadTimeoutError(None, "/x", "raw"), True, False),  # type: ignore[arg-type]
     (TimeoutError("t"), True, False),
     (OSError(errno.EBADF, "Bad file descriptor"), True, False),
     (chained(RuntimeError("wrapped"), OSError(errno.EBADF, "Bad file descriptor")), True, False),

@@ -21,6 +21,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,8 +46,8 @@ from tinker_sync._transport import (
     Reply,
     RequestSpec,
     Transport,
+    _connection,
     _exchange,
-    _headers,
     _pools,
     close_all_pools,
     context_without_sdk_method,
@@ -402,20 +403,20 @@ def test_every_request_has_connect_and_read_timeouts(
         (30, None, (30.0, 30.0)),
         (Timeout(20.0), None, (5.0, 20.0)),
     ]
-    real_exchange = _exchange._exchange_pooled
-    real_getresponse = http.client.HTTPConnection.getresponse
+    real_urlopen = urllib3.HTTPConnectionPool.urlopen
+    real_getresponse = urllib3.connection.HTTPConnection.getresponse
     read_timeouts: list[float | None] = []
 
-    def exchange(pool: Any, method: str, target: str, body: Any, headers: Any, t: Any) -> Any:
-        log.append((t.connect, t.read))  # what the exchange was asked to use...
-        return real_exchange(pool, method, target, body, headers, t)
+    def urlopen(self: Any, method: str, url: str, **kw: Any) -> Any:
+        log.append((kw["timeout"].connect_timeout, kw["timeout"].read_timeout))  # asked...
+        return real_urlopen(self, method, url, **kw)
 
-    def getresponse(self: Any) -> Any:
-        read_timeouts.append(self.sock.gettimeout())  # ...and what the socket really had
-        return real_getresponse(self)
+    def getresponse(self: Any, *args: Any, **kw: Any) -> Any:
+        read_timeouts.append(self.timeout)  # ...and what the connection reads with
+        return real_getresponse(self, *args, **kw)
 
-    monkeypatch.setattr(_exchange, "_exchange_pooled", exchange)
-    monkeypatch.setattr(http.client.HTTPConnection, "getresponse", getresponse)
+    monkeypatch.setattr(urllib3.HTTPConnectionPool, "urlopen", urlopen)
+    monkeypatch.setattr(urllib3.connection.HTTPConnection, "getresponse", getresponse)
     for client_timeout, spec_timeout, expected in cases:
         with transport_for(stub.url, timeout=client_timeout) as t:
             for pool in Pool:
@@ -483,43 +484,19 @@ def _chain(outer: BaseException, cause: BaseException) -> BaseException:
 @pytest.mark.parametrize(
     ("exc", "expected"),
     [
-        (requests.exceptions.ConnectTimeout("t"), APIConnectTimeoutError),
-        (requests.exceptions.ReadTimeout("t"), APITimeoutError),
+        (urllib3.exceptions.ConnectTimeoutError(None, "t"), APIConnectTimeoutError),
+        (_max_retry(urllib3.exceptions.NewConnectionError(None, "refused")), APIConnectError),  # type: ignore[arg-type]
         (
-            requests.exceptions.ConnectionError(
-                _max_retry(urllib3.exceptions.NewConnectionError(None, "refused"))
-            ),
+            _max_retry(urllib3.exceptions.NameResolutionError("h", None, OSError())),  # type: ignore[arg-type]
             APIConnectError,
-        ),  # type: ignore[arg-type]
-        (
-            requests.exceptions.ConnectionError(
-                _max_retry(urllib3.exceptions.NameResolutionError("h", None, OSError()))
-            ),
-            APIConnectError,
-        ),  # type: ignore[arg-type]
-        (
-            requests.exceptions.ConnectionError(urllib3.exceptions.ClosedPoolError(None, "closed")),
-            APIConnectError,
-        ),  # type: ignore[arg-type]
-        (requests.exceptions.SSLError("bad handshake"), APIConnectError),
-        (
-            requests.exceptions.ConnectionError(
-                urllib3.exceptions.ProtocolError("aborted", ConnectionResetError())
-            ),
-            APIConnectionError,
         ),
-        (
-            requests.exceptions.ConnectionError(
-                urllib3.exceptions.ReadTimeoutError(None, "/x", "read timed out")
-            ),
-            APITimeoutError,
-        ),  # type: ignore[arg-type]
-        (requests.exceptions.ChunkedEncodingError("incomplete"), APIConnectionError),
+        (urllib3.exceptions.ClosedPoolError(None, "closed"), APIConnectError),  # type: ignore[arg-type]
+        (urllib3.exceptions.ProxyError("proxy said no", OSError()), APIConnectError),
+        (http.client.IncompleteRead(b"partial"), APIConnectionError),
+        (http.client.RemoteDisconnected("closed"), APIConnectionError),
         (OSError(9, "Bad file descriptor"), APIConnectionError),
         (
-            _chain(
-                requests.exceptions.ConnectionError("wrapped"), OSError(9, "Bad file descriptor")
-            ),
+            _chain(urllib3.exceptions.ProtocolError("wrapped"), OSError(9, "Bad file descriptor")),
             APIConnectionError,
         ),
         (urllib3.exceptions.NewConnectionError(None, "refused"), APIConnectError),
@@ -528,8 +505,6 @@ def _chain(outer: BaseException, cause: BaseException) -> BaseException:
         (urllib3.exceptions.ProtocolError("aborted", ConnectionResetError()), APIConnectionError),
         (urllib3.exceptions.DecodeError("bad gzip"), APIConnectionError),
         (urllib3.exceptions.LocationParseError("::bad"), None),
-        (requests.exceptions.InvalidURL("bad url"), None),
-        (requests.exceptions.MissingSchema("no scheme"), None),
         (ValueError("a bug"), None),
     ],
 )
@@ -989,26 +964,65 @@ def test_local_server_should_retry_false_and_exhaustion(
 # ---------------------------------------------------------------------------------------------
 
 
-def test_prepared_header_lines_match_the_validating_path(stub: Stub) -> None:
-    spec = post(headers={"X-Tinker-Request-Type": "Sample"}, sdk_method="SamplingClient.sample")
-    with transport_for(stub.url) as t:
-        headers = t.build_headers(spec, 0, KEY)
-        assert t.send_once(spec).status == 200
-    assert sum(1 for name, value in headers.items() if (name, value) in _headers._prepared) >= 12
-    plain = urllib3.HTTPConnectionPool("127.0.0.1", stub.server.server_address[1], retries=False)
-    plain.urlopen("POST", spec.path, body=spec.content, headers=headers)  # http.client's path
-    plain.close()
-    fast, slow = stub.seen
-    assert list(fast.headers.items()) == list(slow.headers.items()) and fast.body == slow.body
+def _reachable_strings(root: object, limit: int = 200_000) -> Iterator[str]:
+    """Every str and bytes reachable from ``root`` through containers and object attributes."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack and len(seen) < limit:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType, types.FunctionType)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, str):
+            yield obj
+        elif isinstance(obj, (bytes, bytearray)):
+            yield bytes(obj).decode("latin-1")
+        elif isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        else:
+            stack.extend(getattr(obj, "__dict__", {}).values())
+            stack.extend(getattr(obj, s, None) for s in getattr(type(obj), "__slots__", ()))
 
 
-def test_only_plain_ascii_header_lines_are_prepared() -> None:
-    _headers.prepare_headers(
-        {"X-Fine": "ok value", "X-Split": "a\r\nX-Injected: 1", "Bad Name": "v", "X-Uni": "é"}
-    )
-    assert ("X-Fine", "ok value") in _headers._prepared
-    for key in [("X-Split", "a\r\nX-Injected: 1"), ("Bad Name", "v"), ("X-Uni", "é")]:
-        assert key not in _headers._prepared
+def _transport_module_state() -> list[object]:
+    return [
+        value
+        for name, module in sys.modules.items()
+        if name == "tinker_sync._transport" or name.startswith("tinker_sync._transport.")
+        for key, value in vars(module).items()
+        if not key.startswith("__") and key != "_registry"  # pools: checked on their own
+    ]
+
+
+def test_secrets_live_only_in_their_owners_and_close_drops_them(stub: Stub) -> None:
+    """The Cloudflare secret and a user Authorization header are sent, but no module-level cache
+    of the transport keeps them, and a closed Transport holds no copy of its own."""
+    user_auth = "Bearer user-token-5551212"
+    env = {"CLOUDFLARE_ACCESS_CLIENT_ID": "cf-id", "CLOUDFLARE_ACCESS_CLIENT_SECRET": CF_SECRET}
+    overrides = {"Authorization": user_auth}
+    secrets = (CF_SECRET, user_auth, KEY)
+    with transport_for(stub.url, environ=env, default_headers_overrides=overrides) as t:
+        for attempt in range(3):
+            assert t.send_once(post(), attempt=attempt).status == 200
+            assert t.send_once(get(pool=Pool.SAMPLE)).status == 200
+        state = _transport_module_state() + [t.pools()]
+        leaked = [x for x in _reachable_strings(state) if any(sec in x for sec in secrets)]
+        assert leaked == []
+        owned = t
+    assert stub.seen[0].header("CF-Access-Client-Secret") == CF_SECRET
+    assert stub.seen[0].header("Authorization") == user_auth
+    own = [v for k, v in vars(owned).items() if k not in ("config", "auth")]
+    assert [x for x in _reachable_strings(own) if any(sec in x for sec in secrets)] == []
+
+
+def test_header_values_with_line_breaks_are_refused_before_sending(stub: Stub) -> None:
+    spec = post(headers={"X-Split": "a\r\nX-Injected: 1"})
+    with transport_for(stub.url) as t, pytest.raises(ValueError, match="Invalid header"):
+        t.send_once(spec)
+    assert stub.seen == []
 
 
 @pytest.mark.parametrize(
@@ -1085,14 +1099,14 @@ def test_small_bodies_leave_with_their_headers_in_one_write(
     stub: Stub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writes: list[int] = []
-    real_send = http.client.HTTPConnection.send
+    real_send = urllib3.connection.HTTPConnection.send
 
     def send(self: Any, data: Any) -> None:
         writes.append(len(data))
         real_send(self, data)
 
-    monkeypatch.setattr(http.client.HTTPConnection, "send", send)
-    small, large = b"x" * 1000, b"y" * (_headers._COALESCE_LIMIT + 1)
+    monkeypatch.setattr(urllib3.connection.HTTPConnection, "send", send)
+    small, large = b"x" * 1000, b"y" * (_connection.COALESCE_LIMIT + 1)
     with transport_for(stub.url) as t:
         for body in (small, large):
             spec = post(json=None, content=body, content_type="application/octet-stream")

@@ -68,3 +68,25 @@ def test_proxied_routes(monkeypatch):
     assert not direct.forward and direct.origin.proxy is None
     for route in (tunnel, forward, direct):
         route.close()
+
+
+def test_a_socks_proxy_without_pysocks_fails_before_sending_naming_the_extra(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setenv("ALL_PROXY", "socks5://user:pw@proxy.example:1080")
+    if importlib.util.find_spec("socks") is None:
+        with pytest.raises(ImportError, match=r"tinker-sync\[socks\]") as info:
+            HttpPools("https://tinker.example.com")
+        assert "pw" not in str(info.value)  # the proxy URL (and its password) is not shown
+    else:
+        pools = HttpPools("https://tinker.example.com")
+        assert type(pools.route(Pool.TRAIN).manager).__name__ == "SOCKSProxyManager"
+        pools.close()
+
+
+def test_connections_get_urllib3s_socket_options():
+    from urllib3.connection import HTTPConnection
+
+    route = _Route("http://tinker.example.com", 4, None, ({}, True), Pool.SAMPLE)
+    assert route.origin.conn_kw["socket_options"] == HTTPConnection.default_socket_options
+    route.close()

@@ -32,7 +32,6 @@ import http.client
 import logging
 import socket
 import ssl
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -201,11 +200,6 @@ def _transport_failure(exc: BaseException) -> bool:
             continue
         if isinstance(e, _TRANSPORT_FAILURES):
             return True
-        rex = sys.modules.get("requests.exceptions")  # only if something imported requests
-        if rex is not None and isinstance(
-            e, (rex.ConnectionError, rex.Timeout, rex.ChunkedEncodingError)
-        ):
-            return True
         if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
             return True
     return False
@@ -238,7 +232,7 @@ def classify(exc: BaseException) -> Classification:
 
     Retryable: an :class:`APIStatusError` whose response says ``x-should-retry: true`` (or not
     ``false`` and has status 408/409/429/5xx); every connection error and timeout, including
-    raw requests/urllib3/OS errors such as EBADF found through ``__cause__``, except the ones
+    raw urllib3/OS errors such as EBADF found through ``__cause__``, except the ones
     that cannot heal by waiting (:func:`permanent_connect_failure`). Not retryable:
     credential errors, closed clients, forks, server-side failures (RequestFailedError), and
     anything else.

@@ -15,12 +15,17 @@ The package is split along the seams of an HTTP client (as httpx and urllib3 are
 
 * ``_models``   -- :class:`Pool` (traffic types), :class:`RequestSpec`, :class:`Reply`.
 * ``_errors``   -- error replies and urllib3 / OS failures as SDK exceptions.
-* ``_settings`` -- what is read from the environment once per server (proxies, CA bundle).
+* ``_settings`` -- what is read from the environment once per server (proxies, CA bundle) and
+  the urllib3 pool options; :func:`~tinker_sync._transport._settings.socket_options` is the
+  one place for TCP options (e.g. keepalive), per traffic type.
+* ``_connection`` -- the connection class the pools open (through urllib3's ``ConnectionCls``):
+  in-flight tracking (aborted at interpreter exit) and one write per small request.
 * ``_pools``    -- :class:`HttpPools`: one set of urllib3 pools per :class:`Pool` for one
   ``(pid, normalized base_url)``, shared by every :class:`Transport` of that server in the
-  process (reference counted), with the in-flight tracking used at interpreter exit.
+  process (reference counted).
 * ``_headers``  -- the SDK's own headers and the case-insensitive merge of overrides.
-* ``_exchange`` -- one HTTP exchange: send, read the whole reply, follow redirects.
+* ``_exchange`` -- one HTTP exchange through urllib3's documented ``urlopen``: send, read the
+  whole reply, follow redirects; the request's ``(connect, read)`` timeout is applied here.
 * ``_client``   -- :class:`Transport`, the per-client view: config (headers, timeouts), the
   :class:`~tinker_sync._config.AuthProvider`, hooks and the clock.
 * ``_context`` / ``_hooks`` -- the ``x-sdk-method`` context and observation hooks.
@@ -29,7 +34,8 @@ urllib3 directly, not requests: per request, requests' Session machinery (settin
 environment scans, header dict copies) cost more client CPU than the HTTP exchange itself.
 What it provided is done here once per server: proxies and the CA bundle come from the same
 environment variables, redirects are followed (secrets dropped across origins) and
-``~/.netrc`` is never read.
+``~/.netrc`` is never read. Only urllib3's documented API is used (``urlopen``, pool managers,
+``ConnectionCls``, ``socket_options``, ``Timeout``, ``Retry``), so any urllib3 2.x works.
 
 Every request carries explicit ``(connect, read)`` timeouts, is sent with urllib3 retries off
 (the SDK owns all retries) and is mapped on failure to the SDK exceptions: connect failures ->

@@ -22,8 +22,6 @@ from tinker_sync._transport._headers import (
     _PROTO,
     _fmt_seconds,
     _merge,
-    _prepared,
-    prepare_headers,
 )
 from tinker_sync._transport._hooks import Hook, emit_hook
 from tinker_sync._transport._models import Pool, Reply, RequestSpec
@@ -45,7 +43,7 @@ class Transport:
 
     ``auth`` is asked for ``X-API-Key`` on every request (None sends no key). A 401 with
     ``error="invalid_token"`` makes it ``replace()`` the token once and replays the request once.
-    Thread safety: share freely. Fork safety: rebuilds its pools in a child (B50).
+    Thread safety: share freely. Fork safety: rebuilds its pools in a child.
     """
 
     def __init__(
@@ -63,8 +61,7 @@ class Transport:
         self.clock = clock
         self.base_url = config.normalized_base_url
         self._pool_sizes = dict(pool_sizes or {})
-        self._static_headers = config.static_headers()
-        prepare_headers(self._static_headers)
+        self._static_headers = config.static_headers()  # secrets: dropped by close()
         self._lock = make_lock()
         self._closed = False
         self._pools = acquire_pools(self.base_url, self._pool_sizes)
@@ -85,11 +82,16 @@ class Transport:
         return self._closed
 
     def close(self) -> None:
-        """Stop sending (later sends raise ClientClosedError); the last user closes the pools."""
+        """Stop sending (later sends raise ClientClosedError); the last user closes the pools.
+
+        The header values derived from the config (Cloudflare secret, user headers such as
+        ``Authorization``) are dropped here, so a closed transport holds no secret of its own.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            self._static_headers = {}
             pools = self._pools
         if pools.pid == current_pid():
             _release_pools(pools)
@@ -106,7 +108,7 @@ class Transport:
 
     # -- sending -----------------------------------------------------------------------------
     def build_headers(self, spec: RequestSpec, attempt: int, token: str | None) -> dict[str, str]:
-        """The exact headers of one attempt (B36). Contains secrets: never log unredacted.
+        """The exact headers of one attempt. Contains secrets: never log unredacted.
 
         Later sources win, case-insensitively: SDK headers, then ``spec.headers``, then the
         config's (Cloudflare, user) headers, then the credential.
@@ -118,9 +120,7 @@ class Transport:
             "x-stainless-retry-count": str(attempt),
         }
         if timeout.read is not None:
-            headers["x-stainless-read-timeout"] = read = _fmt_seconds(timeout.read)
-            if ("x-stainless-read-timeout", read) not in _prepared:
-                prepare_headers({"x-stainless-read-timeout": read})
+            headers["x-stainless-read-timeout"] = _fmt_seconds(timeout.read)
         if spec.content is not None and spec.content_type:
             headers["Content-Type"] = spec.content_type
         if spec.idempotency_key and spec.method != "GET":
@@ -128,8 +128,6 @@ class Transport:
         if spec.sdk_method:
             headers["x-sdk-version"] = PROTOCOL_VERSION
             headers["x-sdk-method"] = spec.sdk_method
-            if ("x-sdk-method", spec.sdk_method) not in _prepared:
-                prepare_headers({"x-sdk-method": spec.sdk_method})
         overrides = [o for o in (spec.headers, self._static_headers) if o]
         if token:
             overrides.append({"X-API-Key": token})

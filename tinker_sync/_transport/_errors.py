@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import json as _json
-import sys
 from typing import Any
 
 import urllib3.exceptions
@@ -59,26 +58,15 @@ def is_invalid_token(reply: Reply) -> bool:
     )
 
 
-def _requests_exceptions() -> Any:
-    """``requests.exceptions`` if something imported it (else no such exception can exist)."""
-    return sys.modules.get("requests.exceptions")
-
-
 def _is_programming_error(exc: BaseException) -> bool:
     """A malformed URL or header: a bug to raise as is, not a transport failure."""
-    if isinstance(exc, urllib3.exceptions.LocationValueError):
-        return True
-    rex = _requests_exceptions()
-    return rex is not None and isinstance(
-        exc,
-        (rex.InvalidURL, rex.MissingSchema, rex.InvalidSchema, rex.InvalidHeader, rex.URLRequired),
-    )
+    return isinstance(exc, urllib3.exceptions.LocationValueError)
 
 
 def map_transport_error(
     exc: BaseException, request: RequestSnapshot | None = None
 ) -> APIConnectionError | None:
-    """Map a urllib3/requests/OS failure to the SDK exception, or None if it is not one.
+    """Map a urllib3 / http.client / OS failure to the SDK exception, or None if it is not one.
 
     * connect timeout -> :class:`APIConnectTimeoutError` (NOT_SENT)
     * refused / DNS / TLS / proxy / closed pool -> :class:`APIConnectError` (NOT_SENT)
@@ -89,10 +77,9 @@ def map_transport_error(
         return exc
     if _is_programming_error(exc):
         return None
-    rex = _requests_exceptions()
     chain = list(related(exc))
     detail = scrub(_describe(exc))[:300]
-    if (rex is not None and isinstance(exc, rex.ConnectTimeout)) or any(
+    if any(
         isinstance(e, urllib3.exceptions.ConnectTimeoutError)
         and not isinstance(e, urllib3.exceptions.NewConnectionError)
         for e in chain
@@ -105,21 +92,15 @@ def map_transport_error(
         urllib3.exceptions.SSLError,
         ConnectionRefusedError,
     )
-    if rex is not None:
-        refused = (*refused, rex.ProxyError, rex.SSLError)
     if any(isinstance(e, refused) for e in chain):
         return APIConnectError(f"Connection failed: {detail}", request)
-    if (rex is not None and isinstance(exc, rex.ReadTimeout)) or any(
-        isinstance(e, (urllib3.exceptions.ReadTimeoutError, TimeoutError)) for e in chain
-    ):
+    if any(isinstance(e, (urllib3.exceptions.ReadTimeoutError, TimeoutError)) for e in chain):
         return APITimeoutError(f"Request timed out: {detail}", request)
     wire: tuple[type[BaseException], ...] = (
         urllib3.exceptions.HTTPError,
         http.client.HTTPException,  # IncompleteRead, BadStatusLine, LineTooLong, ...
         OSError,
     )
-    if rex is not None:
-        wire = (*wire, rex.RequestException)
     if isinstance(exc, wire):
         return APIConnectionError(f"Connection error: {detail}", request)
     return None

@@ -1,35 +1,41 @@
-"""One HTTP exchange on urllib3: send, read the whole reply, follow redirects.
+"""One HTTP exchange on urllib3's documented API: send, read the whole reply, follow redirects.
+
+Usage::
+
+    response, url = exchange(route, "POST", "/api/v1/asample", url, body, headers, timeout)
+    response.status, response.headers["content-type"], response.content
+
+Every request is one ``urlopen`` call on the route's pool for the base URL's origin (or on the
+pool manager, for a plain-HTTP proxy and for redirects), with urllib3's retries and redirects
+off (the SDK owns both), the per-request ``(connect, read)`` timeout, and the body read in full
+before returning (``preload_content``), which hands the connection back to its pool. Nothing
+here touches urllib3's or http.client's private parts; the cheap options are chosen instead:
+the request target is already a path (no URL parsing, no same-host check) and the retry and
+timeout objects are built once, not per request.
 
 Thread safety: stateless functions; urllib3 pools are thread-safe.
 """
 
 from __future__ import annotations
 
-import errno
 import functools
-import http.client
-import io
-import ssl
 import urllib.parse
 from collections.abc import Mapping
-from typing import cast
 
-import urllib3.exceptions
-import urllib3.response
+from urllib3 import BaseHTTPResponse
 from urllib3 import Timeout as _Urllib3Timeout
-from urllib3.connection import HTTPConnection
-from urllib3.connectionpool import HTTPConnectionPool
-from urllib3.util.ssl_match_hostname import CertificateError
+from urllib3.util import Retry
 
 from tinker_sync._config import Timeout
 from tinker_sync._redact import is_secret_header
-from tinker_sync._transport._headers import _COALESCE_LIMIT, _PreparedHeaders
 from tinker_sync._transport._pools import _Route
 from tinker_sync.exceptions import APIConnectionError
 
 MAX_REDIRECTS = 30
 """Redirects followed per attempt (as requests does); one more is a connection error."""
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_NO_RETRIES = Retry(total=False, redirect=False)
+"""urllib3 retries nothing and raises the original error (urllib3 reuses this object as is)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -48,6 +54,11 @@ class _Response:
         self.content = content
 
 
+def _read(response: BaseHTTPResponse) -> _Response:
+    headers = {name.lower(): value for name, value in response.headers.itermerged()}
+    return _Response(response.status, headers, response.data)
+
+
 def _via_manager(
     route: _Route,
     method: str,
@@ -56,74 +67,43 @@ def _via_manager(
     headers: Mapping[str, str],
     timeout: Timeout,
 ) -> _Response:
-    """One exchange through urllib3's pool manager: proxies, and redirects to any origin."""
-    response = route.manager.urlopen(
-        method,
-        url,
-        body=body,
-        headers=headers,
-        timeout=_timeout(timeout),
-        retries=False,
-        redirect=False,
+    """One exchange through urllib3's pool manager: a plain-HTTP proxy, redirects anywhere."""
+    return _read(
+        route.manager.urlopen(
+            method,
+            url,
+            body=body,
+            headers=headers,
+            timeout=_timeout(timeout),
+            retries=_NO_RETRIES,
+            redirect=False,
+            preload_content=True,
+        )
     )
-    merged = {k.lower(): v for k, v in response.headers.itermerged()}
-    return _Response(response.status, merged, response.data)
 
 
-def _exchange_pooled(
-    pool: HTTPConnectionPool,
+def _via_origin(
+    route: _Route,
     method: str,
     target: str,
     body: bytes | None,
     headers: Mapping[str, str],
     timeout: Timeout,
 ) -> _Response:
-    """One request on a connection of ``pool`` (no proxy), read with ``http.client``.
-
-    urllib3 still owns the connections (pooling, dropped-connection checks, TCP and TLS setup,
-    the in-flight tracking of B55); this replaces only ``urlopen`` and its response wrapper,
-    which together cost as much client CPU as the HTTP exchange itself. The steps and error
-    handling follow urllib3's ``_make_request``: connect errors surface as urllib3's
-    (never-sent) connect errors, a reset while sending still reads the reply the server may
-    have sent, and on any failure the connection is closed, never reused.
-    """
-    conn = cast(HTTPConnection, pool._get_conn())
-    reusable = False
-    try:
-        if conn.is_closed:
-            conn.timeout = timeout.connect
-            try:
-                conn.connect()
-            except (ssl.SSLError, CertificateError) as exc:
-                raise urllib3.exceptions.SSLError(exc) from exc
-        conn.timeout = timeout.read
-        conn.sock.settimeout(timeout.read)
-        if body and len(body) <= _COALESCE_LIMIT and isinstance(conn, _PreparedHeaders):
-            conn.hold_head()
-        try:
-            http.client.HTTPConnection.request(conn, method, target, body, headers)
-        except BrokenPipeError:
-            pass  # the server may close after a complete early reply: read it
-        except OSError as exc:
-            if exc.errno not in (errno.EPROTOTYPE, errno.ECONNRESET):
-                raise
-        raw = http.client.HTTPConnection.getresponse(conn)
-        content = raw.read()
-        reusable = True  # http.client closed the socket itself if the server asked to
-    finally:
-        if not reusable:
-            conn.close()
-        pool._put_conn(conn if reusable else None)
-    merged: dict[str, str] = {}
-    for name, value in raw.msg.items():
-        key = name.lower()
-        merged[key] = f"{merged[key]}, {value}" if key in merged else value
-    encoding = merged.get("content-encoding")
-    if encoding and encoding.strip().lower() != "identity":
-        content = urllib3.response.HTTPResponse(
-            body=io.BytesIO(content), headers=merged, status=raw.status, preload_content=True
-        ).data  # urllib3's decoders (gzip, deflate, and br / zstd when installed)
-    return _Response(raw.status, merged, content)
+    """One exchange on the pool of the base URL's origin (``target`` is a path)."""
+    return _read(
+        route.origin.urlopen(
+            method,
+            target,
+            body=body,
+            headers=headers,
+            retries=_NO_RETRIES,
+            redirect=False,
+            assert_same_host=False,
+            timeout=_timeout(timeout),
+            preload_content=True,
+        )
+    )
 
 
 def exchange(
@@ -139,13 +119,29 @@ def exchange(
 
     The body is read (and decoded) before returning, which hands the connection back to its
     pool. Cross-origin redirects drop secret headers; 301/302/303 turn into a bodyless GET
-    like a browser (and requests) would. Requests through a proxy, and redirects, go through
-    urllib3's pool manager (:func:`_via_manager`); the rest through :func:`_exchange_pooled`.
+    like a browser (and requests) would. Requests through a plain-HTTP proxy, and redirects,
+    go through urllib3's pool manager (:func:`_via_manager`); the rest straight to the origin's
+    pool (:func:`_via_origin`, also through a CONNECT tunnel).
     """
-    if route.forward or route.origin.proxy is not None:
-        response = _via_manager(route, method, url, body, headers, timeout)
-    else:
-        response = _exchange_pooled(route.origin, method, target, body, headers, timeout)
+    try:
+        if route.forward:
+            response = _via_manager(route, method, url, body, headers, timeout)
+        else:
+            response = _via_origin(route, method, target, body, headers, timeout)
+        return _follow(route, method, url, body, headers, timeout, response)
+    finally:
+        route.tracker.end()
+
+
+def _follow(
+    route: _Route,
+    method: str,
+    url: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    timeout: Timeout,
+    response: _Response,
+) -> tuple[_Response, str]:
     redirects = 0
     while response.status in _REDIRECT_STATUSES:
         location = response.headers.get("location")

@@ -29,7 +29,7 @@ from tinker_sync.exceptions import (
 
 
 class Pool(str, enum.Enum):
-    """Traffic types; each has its own connection pool (B31, PROTOCOL §5.4)."""
+    """Traffic types; each has its own connection pool."""
 
     SESSION = "session"
     SAMPLE = "sample"
@@ -54,11 +54,11 @@ DEFAULT_POOL_SIZES: Mapping[Pool, int] = {
     Pool.TELEMETRY: 8,
     Pool.AUTH: 4,
 }
-"""``pool_maxsize`` per pool: above the thread counts of B54, so no request waits or churns."""
+"""``pool_maxsize`` per pool: above the SDK's thread counts, so no request waits or churns."""
 
 
 def new_idempotency_key() -> str:
-    """A fresh ``X-Idempotency-Key`` value (one per logical request, B34): a random UUID4."""
+    """A fresh ``X-Idempotency-Key`` value (one per logical request): a random UUID4."""
     raw = bytearray(os.urandom(16))  # what uuid.uuid4() does, without its object (hot path)
     raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
     raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
@@ -67,7 +67,7 @@ def new_idempotency_key() -> str:
 
 
 def quote_path(segment: str) -> str:
-    """Percent-encode a path parameter, keeping ``/`` and ``:`` literal (B30, PROTOCOL §0.1)."""
+    """Percent-encode a path parameter, keeping ``/`` and ``:`` literal."""
     from urllib.parse import quote
 
     return quote(str(segment), safe="/:")

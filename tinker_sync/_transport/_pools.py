@@ -13,128 +13,28 @@ pools it inherited (never closing the parent's sockets) and acquires new ones.
 from __future__ import annotations
 
 import logging
-import socket
 import urllib.parse
-import weakref
 from collections.abc import Collection, Mapping
-from typing import Any
 
 from urllib3 import PoolManager, ProxyManager
-from urllib3.connection import HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from tinker_sync._clock import register_exit_callback
 from tinker_sync._fork import current_pid, make_lock, register_after_fork
-from tinker_sync._transport._headers import _PreparedHeaders
+from tinker_sync._transport._connection import _InflightTracker, use_sdk_connections
 from tinker_sync._transport._models import DEFAULT_POOL_SIZES, Pool
-from tinker_sync._transport._settings import _environment_settings, _proxy_for, _tls_settings
+from tinker_sync._transport._settings import (
+    _environment_settings,
+    _proxy_for,
+    check_proxies,
+    connection_settings,
+    socks_manager,
+)
 from tinker_sync.exceptions import ClientClosedError
 
 logger = logging.getLogger("tinker_sync.transport")
 
 BARE_400_BUDGET = 16
-"""Bare 400s (empty body, a proxy rejection) retried as connection errors per pool (§5.3)."""
-
-
-class _InflightTracker:
-    """The connections currently checked out of one pool's urllib3 pools (weakly held).
-
-    ``abort()`` shuts their sockets down so that reads blocked in other threads return at once;
-    with ``sticky=True`` every connection checked out or connected later fails the same way.
-    Used at interpreter exit (B55), in the process that opened the connections.
-    """
-
-    def __init__(self) -> None:
-        self._lock = make_lock()
-        self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.aborted = False
-
-    def add(self, conn: Any) -> None:
-        with self._lock:
-            self._conns.add(conn)
-            aborted = self.aborted
-        if aborted:
-            _shutdown(conn)
-
-    def discard(self, conn: Any) -> None:
-        with self._lock:
-            self._conns.discard(conn)
-
-    def connected(self, conn: Any) -> None:
-        with self._lock:
-            aborted = self.aborted
-        if aborted:
-            _shutdown(conn)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._conns)
-
-    def abort(self, *, sticky: bool = False) -> int:
-        with self._lock:
-            conns = list(self._conns)
-            self.aborted = self.aborted or sticky
-        return sum(_shutdown(conn) for conn in conns)
-
-
-def _shutdown(conn: Any) -> bool:
-    sock = getattr(conn, "sock", None)
-    if sock is None:
-        return False
-    try:
-        # The plain-socket shutdown also works under TLS without touching the SSL object.
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-    except OSError:
-        return False
-    return True
-
-
-class _TrackedConnection(_PreparedHeaders):
-    """Reports every (re)connect to its pool's tracker (a sticky abort closes it at once)."""
-
-    tracker: _InflightTracker
-
-    def connect(self) -> None:
-        super().connect()
-        self.tracker.connected(self)
-
-
-class _TrackedHTTPSConnection(_TrackedConnection, HTTPSConnection):
-    pass
-
-
-class _TrackedPool(HTTPConnectionPool):
-    """Counts its connections as in flight from checkout until they are handed back."""
-
-    tracker: _InflightTracker
-
-    def _get_conn(self, timeout: float | None = None) -> Any:
-        conn = super()._get_conn(timeout)
-        self.tracker.add(conn)
-        return conn
-
-    def _put_conn(self, conn: Any) -> None:
-        if conn is not None:
-            self.tracker.discard(conn)
-        super()._put_conn(conn)
-
-
-class _TrackedHTTPSPool(_TrackedPool, HTTPSConnectionPool):
-    pass
-
-
-def _tracking_pool_classes(tracker: _InflightTracker) -> dict[str, type[HTTPConnectionPool]]:
-    """urllib3 pool classes by scheme whose connections report to ``tracker``."""
-    classes: dict[str, type[HTTPConnectionPool]] = {}
-    for scheme, pool_cls, conn_cls in (
-        ("http", _TrackedPool, _TrackedConnection),
-        ("https", _TrackedHTTPSPool, _TrackedHTTPSConnection),
-    ):
-        conn = type(conn_cls.__name__, (conn_cls,), {"tracker": tracker})
-        classes[scheme] = type(
-            pool_cls.__name__, (pool_cls,), {"tracker": tracker, "ConnectionCls": conn}
-        )
-    return classes
+"""Bare 400s (empty body, a proxy rejection) retried as connection errors per pool."""
 
 
 class _Route:
@@ -152,27 +52,24 @@ class _Route:
         size: int,
         tracker: _InflightTracker | None,
         settings: tuple[Mapping[str, str], bool | str],
+        pool: Pool | None = None,
     ) -> None:
         proxies, verify = settings
         scheme = urllib.parse.urlsplit(base_url).scheme or "http"
-        kw: dict[str, Any] = {"maxsize": size, "block": False, "retries": False}
-        if scheme == "https":
-            kw.update(_tls_settings(verify))
+        kw = connection_settings(size, verify if scheme == "https" else None, pool)
         proxy = _proxy_for(proxies, scheme)
         manager: PoolManager
         if proxy is None:
             manager = PoolManager(num_pools=4, **kw)
         elif proxy.lower().startswith("socks"):
-            from urllib3.contrib.socks import SOCKSProxyManager
-
-            manager = SOCKSProxyManager(proxy, num_pools=4, **kw)
+            manager = socks_manager()(proxy, num_pools=4, **kw)
         else:
             manager = ProxyManager(proxy, num_pools=4, **kw)
-        if tracker is not None:
-            manager.pool_classes_by_scheme = _tracking_pool_classes(tracker)
         self.manager = manager
         self.forward = isinstance(manager, ProxyManager) and scheme == "http"
         self.origin = manager.connection_from_url(base_url)
+        self.tracker = tracker if tracker is not None else _InflightTracker()
+        use_sdk_connections(self.origin, self.tracker)
 
     def close(self) -> None:
         """Close every connection now (urllib3 2 leaves pools open until collected)."""
@@ -184,14 +81,14 @@ class _Route:
 
 
 _GRAVEYARD: list[object] = []
-"""Transport state inherited over fork: kept alive forever, never closed (B50)."""
+"""Transport state inherited over fork: kept alive forever, never closed."""
 
 
 class HttpPools:
     """One :class:`_Route` (urllib3 connection pools) per :class:`Pool` for one server.
 
     Keyed by (pid, normalized base_url); get one with :func:`acquire_pools`. Also holds the
-    per-pool bare-400 budgets (§5.3).
+    per-pool bare-400 budgets.
     Thread safety: all methods are thread-safe. Fork safety: abandoned in a child (see module).
     """
 
@@ -200,6 +97,7 @@ class HttpPools:
         self.pid = current_pid()
         self._sizes = {**DEFAULT_POOL_SIZES, **(sizes or {})}
         self._settings = _environment_settings(base_url)
+        check_proxies(self._settings[0], base_url)
         self._lock = make_lock()
         self._routes: dict[Pool, _Route] = {}
         self._budget: dict[Pool, int] = dict.fromkeys(Pool, BARE_400_BUDGET)
@@ -218,7 +116,7 @@ class HttpPools:
             route = self._routes.get(pool)
             if route is None:
                 route = self._routes[pool] = _Route(
-                    self.base_url, self._sizes[pool], self._inflight[pool], self._settings
+                    self.base_url, self._sizes[pool], self._inflight[pool], self._settings, pool
                 )
             return route
 
@@ -333,7 +231,7 @@ LONG_POLL_POOLS = frozenset({Pool.RETRIEVE_PROMISE, Pool.RETRIEVE_FUTURES})
 
 
 def _abort_inflight_at_exit() -> None:
-    # B55: a long poll blocked in a (non-daemon) pool thread must not delay interpreter exit.
+    # A long poll blocked in a (non-daemon) pool thread must not delay interpreter exit.
     # Only the long-poll pools refuse new requests, so atexit handlers can still finish a
     # session or flush telemetry over the other pools.
     with _registry_lock:

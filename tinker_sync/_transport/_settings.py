@@ -1,18 +1,37 @@
-"""Per-server settings read from the environment once: proxies and the CA bundle.
+"""Connection settings: proxies and the CA bundle (read from the environment once per server),
+and the urllib3 keyword arguments every pool of a traffic type is built with.
 
 Usage::
 
-    proxies, verify = environment_settings("https://tinker.example.com")
-    pool_kw = tls_settings(verify)
+    proxies, verify = _environment_settings("https://tinker.example.com")
+    kw = connection_settings(maxsize, verify, Pool.SAMPLE)   # -> PoolManager(**kw)
+
+Where to change how connections behave (all documented urllib3 knobs, one place each):
+
+* TCP options (``TCP_NODELAY``, keepalive, ...): :func:`socket_options`, per traffic type.
+* TLS verification: :func:`_tls_settings`.
+* Timeouts are per request (``RequestSpec.timeout`` or the client's), turned into a
+  ``urllib3.Timeout`` by the exchange; pools carry none of their own.
 
 Thread safety: pure functions (they read ``os.environ``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import urllib.parse
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from urllib3.connection import HTTPConnection
+
+if TYPE_CHECKING:
+    from urllib3 import ProxyManager
+
+    from tinker_sync._transport._models import Pool
+
+SocketOption = tuple[int, int, int | bytes]
 
 
 def _environment_settings(base_url: str) -> tuple[dict[str, str], bool | str]:
@@ -50,3 +69,52 @@ def _tls_settings(verify: bool | str) -> dict[str, Any]:
     if os.path.isdir(verify):
         return {"cert_reqs": "CERT_REQUIRED", "ca_cert_dir": verify}
     return {"cert_reqs": "CERT_REQUIRED", "ca_certs": verify}
+
+
+def socket_options(pool: Pool | None = None) -> list[SocketOption]:
+    """The ``setsockopt`` calls for every new connection of ``pool`` (urllib3's
+    ``socket_options``): urllib3's defaults (``TCP_NODELAY``)."""
+    return list(HTTPConnection.default_socket_options)
+
+
+def connection_settings(
+    size: int, verify: bool | str | None, pool: Pool | None = None
+) -> dict[str, Any]:
+    """Keyword arguments for the urllib3 pool manager of one traffic type.
+
+    ``size`` connections are kept per origin and more are opened when needed (``block=False``,
+    so a request never waits for a connection); urllib3 retries nothing (the SDK owns retries);
+    ``verify`` is None for plain HTTP, else as for :func:`_tls_settings`.
+    """
+    kw: dict[str, Any] = {
+        "maxsize": size,
+        "block": False,
+        "retries": False,
+        "socket_options": socket_options(pool),
+    }
+    if verify is not None:
+        kw.update(_tls_settings(verify))
+    return kw
+
+
+SOCKS_MISSING = (
+    "A SOCKS proxy is configured (HTTPS_PROXY / HTTP_PROXY / ALL_PROXY) but PySocks is not "
+    "installed: pip install 'tinker-sync[socks]'"
+)
+
+
+def socks_manager() -> type[ProxyManager]:
+    """urllib3's SOCKS proxy manager; ImportError naming the ``socks`` extra without PySocks."""
+    # urllib3 imports PySocks (module ``socks``) itself, but only warns when it is missing.
+    if importlib.util.find_spec("socks") is None:
+        raise ImportError(SOCKS_MISSING)
+    from urllib3.contrib.socks import SOCKSProxyManager
+
+    return SOCKSProxyManager  # type: ignore[return-value]
+
+
+def check_proxies(proxies: Mapping[str, str], base_url: str) -> None:
+    """Fail now (before anything is sent) if the proxy for ``base_url`` cannot be used."""
+    proxy = _proxy_for(proxies, urllib.parse.urlsplit(base_url).scheme or "http")
+    if proxy is not None and proxy.lower().startswith("socks"):
+        socks_manager()

@@ -1,0 +1,146 @@
+"""The connections the SDK's pools open: in-flight tracking and one write per small request.
+
+Usage::
+
+    tracker = _InflightTracker()
+    use_sdk_connections(pool, tracker)     # before the pool opens its first connection
+    ...
+    tracker.abort(sticky=True)             # interpreter exit: unblock reads in other threads
+
+Thread safety: see each class.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from urllib3.connectionpool import HTTPConnectionPool
+
+from tinker_sync._fork import make_lock
+
+
+class _InflightTracker:
+    """The connections of one :class:`Pool` that are carrying a request right now.
+
+    A connection is in flight from the moment it starts sending a request until the exchange
+    that sent it returns (:meth:`end`, called by the same thread). ``abort()`` shuts their sockets
+    down so that reads blocked in other threads return at once; with ``sticky=True`` every
+    connection that connects or sends later fails the same way. Used at interpreter exit, in
+    the process that opened the connections.
+    Thread safety: all methods are thread-safe; entries are keyed by the sending thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = make_lock()
+        self._conns: dict[int, Any] = {}
+        self.aborted = False
+
+    def begin(self, conn: Any) -> None:
+        """``conn`` starts sending a request on the calling thread."""
+        with self._lock:
+            self._conns[threading.get_ident()] = conn
+            aborted = self.aborted
+        if aborted:
+            _shutdown(conn)
+
+    def end(self) -> None:
+        """The calling thread's exchange is over (its connection is back in the pool)."""
+        if self._conns:  # the common case after a request, without the lock when empty
+            with self._lock:
+                self._conns.pop(threading.get_ident(), None)
+
+    def connected(self, conn: Any) -> None:
+        with self._lock:
+            aborted = self.aborted
+        if aborted:
+            _shutdown(conn)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def abort(self, *, sticky: bool = False) -> int:
+        with self._lock:
+            conns = list(self._conns.values())
+            self.aborted = self.aborted or sticky
+        return sum(_shutdown(conn) for conn in conns)
+
+
+def _shutdown(conn: Any) -> bool:
+    sock = getattr(conn, "sock", None)
+    if sock is None:
+        return False
+    try:
+        # The plain-socket shutdown also works under TLS without touching the SSL object.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        return False
+    return True
+
+
+COALESCE_LIMIT = 64 * 1024
+"""Request bodies up to this size leave in the same write as their header block."""
+
+
+class _SdkConnection:
+    """Mixin for a urllib3 connection class: in-flight tracking and one write per request.
+
+    Installed through the pool's ``ConnectionCls`` (urllib3's extension point for the class of
+    the connections a pool opens) on top of whatever class the pool would use (plain, TLS or
+    SOCKS), overriding only the public ``connect()``, ``request()`` and ``send()``:
+
+    * every connect and request is reported to ``tracker`` (see :class:`_InflightTracker`);
+    * a request with a small body sends its header block and body in one write. urllib3 writes
+      them separately, which costs a system call per request here and a second read on the
+      server before the request is complete. Whatever order urllib3 writes in, nothing is held
+      back once ``request()`` returns.
+
+    Thread safety: like any connection, used by one thread at a time (the pool hands it out).
+    """
+
+    tracker: _InflightTracker
+    _holding = False
+    _held: bytes | None = None
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self.tracker.connected(self)
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        headers: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self.tracker.begin(self)
+        self._holding = isinstance(body, bytes) and 0 < len(body) <= COALESCE_LIMIT
+        try:
+            super().request(method, url, body, headers, **kwargs)  # type: ignore[misc]
+        except BaseException:
+            self._holding, self._held = False, None
+            raise
+        held = self._held
+        self._holding, self._held = False, None
+        if held is not None:  # only the header block was written: send it now
+            super().send(held)  # type: ignore[misc]
+
+    def send(self, data: Any) -> None:
+        if self._holding and isinstance(data, (bytes, bytearray, memoryview)):
+            if self._held is None:
+                self._held = bytes(data)  # the header block: the body comes next
+                return
+            data, self._held, self._holding = self._held + bytes(data), None, False
+        elif self._held is not None:  # an unexpected kind of write: keep the order
+            held, self._held, self._holding = self._held, None, False
+            super().send(held)  # type: ignore[misc]
+        super().send(data)  # type: ignore[misc]
+
+
+def use_sdk_connections(pool: HTTPConnectionPool, tracker: _InflightTracker) -> None:
+    """Make the connections ``pool`` opens from now on :class:`_SdkConnection` objects."""
+    base = pool.ConnectionCls
+    pool.ConnectionCls = type(f"Sdk{base.__name__}", (_SdkConnection, base), {"tracker": tracker})
