@@ -1,4 +1,7 @@
-"""Tests for tinker_sync._config (T-J1, T-E7 normalization, secrets of T-J3)."""
+"""Tests for tinker_sync._config: the environment, credential order, timeouts, base-URL
+normalization and secrets (docs/design/behavior.md#environment,
+docs/design/behavior.md#credential-order, docs/design/behavior.md#timeouts,
+docs/design/behavior.md#limiter-registry, docs/design/behavior.md#secrets-never-leak)."""
 
 from __future__ import annotations
 
@@ -109,7 +112,8 @@ def test_timeout_validation_and_identity() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Base URL: one normalization table for pools and limiters (T-E7, B11)
+# Base URL: one normalization table for pools and limiters (docs/design/behavior.md#timeouts,
+# docs/design/behavior.md#limiter-registry)
 # ---------------------------------------------------------------------------------------------
 
 NORMALIZATION_TABLE = [
@@ -266,7 +270,7 @@ def test_one_expiry_rule_for_static_keys_and_the_refresh_schedule(
 
 
 # ---------------------------------------------------------------------------------------------
-# Credentials (T-J1, B57)
+# Credentials (docs/design/behavior.md#environment, docs/design/behavior.md#credential-order)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -422,7 +426,7 @@ def test_credentials_repr_and_pickle_hide_the_key(no_creds_file: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# ClientConfig (T-J1, B56)
+# ClientConfig (docs/design/behavior.md#environment, docs/design/behavior.md#credential-order)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,6 @@
-"""Logging, queue-state reporting and hooks against the real local server (T-K1..T-K3).
+"""Logging, queue-state reporting and hooks against the real local server
+(docs/design/behavior.md#logging, docs/design/behavior.md#queue-state-reports,
+docs/design/behavior.md#hooks, docs/design/behavior.md#request-headers).
 
 Tests never touch a global logger in this process: ``TINKER_LOG`` is exercised in
 subprocesses, and in-process checks only read records through pytest's ``caplog``.
@@ -52,7 +54,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-# ------------------------------------------------------------------------------ T-K1 (B61)
+# ------------------------------------------------------------------------------
 
 _LOGGER_STATE = """
 import logging, json
@@ -67,8 +69,11 @@ def state():
 
 
 def test_importing_and_constructing_change_no_logger() -> None:
-    """T-K1 (B61): import and a constructed client change no existing logger; the package's
-    own loggers carry at most a NullHandler."""
+    """Import and a constructed client change no existing logger; the package's
+    own loggers carry at most a NullHandler.
+
+    See docs/design/behavior.md#logging.
+    """
     proc = run_python(
         _LOGGER_STATE
         + """
@@ -96,8 +101,11 @@ print(json.dumps([before, after_import, after_client]))
 
 
 def test_tinker_log_debug_enables_output_with_context_ids() -> None:
-    """T-K1 (B61): TINKER_LOG=debug attaches a handler to tinker_sync and urllib3 (not root);
-    records carry session_id / model_id / request_id."""
+    """TINKER_LOG=debug attaches a handler to tinker_sync and urllib3 (not root);
+    records carry session_id / model_id / request_id.
+
+    See docs/design/behavior.md#logging.
+    """
     proc = run_python(
         _LOGGER_STATE
         + """
@@ -138,7 +146,8 @@ print(json.dumps({"root": [root_before, after["root"]],
 
 
 def test_tinker_log_info_is_quieter() -> None:
-    """T-K1: TINKER_LOG=info logs INFO (session creation) but no DEBUG dumps."""
+    """TINKER_LOG=info logs INFO (session creation) but no DEBUG dumps
+    (docs/design/behavior.md#logging)."""
     proc = run_python(
         """
 import tinker_sync
@@ -156,7 +165,8 @@ with LocalServer(long_poll_s=1.0) as server:
 
 
 def test_log_records_carry_context_ids(server, service, caplog) -> None:
-    """T-K1: in-process, records of a training op carry the ids as attributes."""
+    """In-process, records of a training op carry the ids as attributes
+    (docs/design/behavior.md#logging)."""
     training = service.create_lora_training_client("base", rank=4)
     with caplog.at_level(logging.DEBUG, logger="tinker_sync"):
         fut = training.forward_backward([datum()], "cross_entropy")
@@ -169,7 +179,7 @@ def test_log_records_carry_context_ids(server, service, caplog) -> None:
         assert record.session_id == service._session.session_id  # type: ignore[attr-defined]
 
 
-# ------------------------------------------------------------------------------ T-K2 (B62)
+# ------------------------------------------------------------------------------
 
 
 class ClockHandler(logging.Handler):
@@ -211,7 +221,8 @@ def clocked(server):  # type: ignore[no-untyped-def]
 
 
 def test_training_pauses_warn_after_15_minutes_then_every_60_s(clocked) -> None:
-    """T-K2 (B62): polls 30 s apart on the fake clock; first warning at 900 s, then 60 s."""
+    """Polls 30 s apart on the fake clock; first warning at 900 s, then 60 s
+    (docs/design/behavior.md#queue-state-reports)."""
     server, service, clock, handler = clocked
     training = service.create_lora_training_client("base", rank=4)
     every_poll_takes(clock, 30.0)
@@ -231,7 +242,8 @@ def test_training_pauses_warn_after_15_minutes_then_every_60_s(clocked) -> None:
 
 
 def test_sampling_pauses_warn_at_once_then_every_60_s(clocked) -> None:
-    """T-K2 (B62): a sampling pause warns on the first paused answer, then at most every 60 s."""
+    """A sampling pause warns on the first paused answer, then at most every 60 s
+    (docs/design/behavior.md#queue-state-reports)."""
     server, service, clock, handler = clocked
     sampler = service.create_sampling_client(base_model="base")
     every_poll_takes(clock, 30.0)
@@ -246,7 +258,8 @@ def test_sampling_pauses_warn_at_once_then_every_60_s(clocked) -> None:
 
 
 def test_observer_errors_are_swallowed(clocked, caplog) -> None:
-    """T-K2 (B62): a raising queue-state observer is logged, never raised."""
+    """A raising queue-state observer is logged, never raised
+    (docs/design/behavior.md#queue-state-reports)."""
     server, service, clock, handler = clocked
     sampler = service.create_sampling_client(base_model="base")
     calls: list[tuple[str, Any]] = []
@@ -267,7 +280,7 @@ def test_observer_errors_are_swallowed(clocked, caplog) -> None:
     assert sum("observer failed" in r.getMessage() for r in caplog.records) == len(calls)
 
 
-# ------------------------------------------------------------------------------ T-K3 (B63, B36)
+# ------------------------------------------------------------------------------
 
 
 class Recorder:
@@ -285,8 +298,11 @@ class Recorder:
 
 
 def test_retry_and_backoff_hook_events_are_per_client(server) -> None:
-    """T-K3 (B63): retry_scheduled (both layers) and backoff_set reach only the hooks of the
-    client whose request caused them; hooks never see secrets."""
+    """``retry_scheduled`` (both layers) and ``backoff_set`` reach only the hooks of the
+    client whose request caused them; hooks never see secrets.
+
+    See docs/design/behavior.md#hooks.
+    """
     a_hook, b_hook = Recorder(), Recorder()
     clock = FakeClock(rng=lambda: 0.0)
     a = tinker_sync.ServiceClient(
@@ -333,7 +349,8 @@ def test_retry_and_backoff_hook_events_are_per_client(server) -> None:
 
 
 def test_queue_state_change_events_only_on_changes(server) -> None:
-    """B63: queue_state_change fires when (state, reason) changes, then ``active`` at the end."""
+    """``queue_state_change`` fires when (state, reason) changes, then ``active`` at the end
+    (docs/design/behavior.md#hooks)."""
     hook = Recorder()
     clock = FakeClock(rng=lambda: 0.0)
     with tinker_sync.ServiceClient(
@@ -371,8 +388,11 @@ class _BeatClock(FakeClock):
 
 
 def test_sdk_method_header_on_pool_thread_polls_not_on_background_loops(server) -> None:
-    """T-K3 (B36): polls made on pool threads carry the public method that caused them;
-    heartbeats, config, session creation and telemetry carry none."""
+    """Polls made on pool threads carry the public method that caused them;
+    heartbeats, config, session creation and telemetry carry none.
+
+    See docs/design/behavior.md#request-headers.
+    """
     service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key)
     service._session.timer_clock = _BeatClock(beats=2)
     try:

@@ -1,7 +1,10 @@
-"""Processes: fork, pickling, sampler handles, spawn pools, interpreter exit (B49-B55).
+"""Processes: fork, pickling, sampler handles, spawn pools, interpreter exit
+(docs/design/behavior.md#fork-detection, docs/design/behavior.md#drop-inherited-transport,
+docs/design/behavior.md#inherited-futures-fail-fast, docs/design/behavior.md#forked-child-clients,
+docs/design/behavior.md#credential-free-pickles, docs/design/behavior.md#fast-interpreter-exit),
+plus handle interoperability with the official SDK.
 
-Tests T-I1..T-I6 of BEHAVIOR.md plus handle interoperability with the official SDK. Forked
-children report over a pipe and always leave with ``os._exit``; every wait on a child has a
+Forked children report over a pipe and always leave with ``os._exit``; every wait on a child has a
 hang guard that kills it and fails the test.
 """
 
@@ -152,11 +155,13 @@ def datum() -> types.Datum:
     )
 
 
-# ------------------------------------------------------------------------------ fork (B49-B52)
+# ------------------------------------------------------------------------------ fork
 
 
 def test_forked_child_samples_calls_rest_refuses_training(srv, service, held_srv):
-    """T-I2 (B51, B52): the child samples and calls REST; training raises; futures fail fast."""
+    """The child samples and calls REST; training raises; futures fail fast
+    (docs/design/behavior.md#inherited-futures-fail-fast,
+    docs/design/behavior.md#forked-child-clients)."""
     sampler = service.create_sampling_client(base_model=BASE)
     training = service.create_lora_training_client(BASE, rank=4)
     sampler.sample(PROMPT, 1, PARAMS).result(HANG)
@@ -202,7 +207,9 @@ def test_forked_child_samples_calls_rest_refuses_training(srv, service, held_srv
 
 
 def test_fork_50_times_at_random_moments_no_child_hangs():
-    """T-I1 (B49, B51): 200 samples in flight, a trainer busy and SDK locks held at fork."""
+    """200 samples in flight, a trainer busy and SDK locks held at fork
+    (docs/design/behavior.md#fork-detection, docs/design/behavior.md#inherited-futures-fail-fast).
+    """
     with LocalServer(backend="instant", api_key=KEY, long_poll_s=1.0, work_delay_s=0.3) as srv:
         service = tinker_sync.ServiceClient(base_url=srv.url, api_key=KEY)
         try:
@@ -319,7 +326,8 @@ def _open_socket_fds() -> set[int]:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 def test_child_closes_no_inherited_socket(srv, service, held_srv):
-    """T-I3 (B50): a socket spy sees the child close or shut down no inherited socket."""
+    """A socket spy sees the child close or shut down no inherited socket
+    (docs/design/behavior.md#drop-inherited-transport)."""
     sampler = service.create_sampling_client(base_model=BASE)
     rest = service.create_rest_client()
     for _ in range(5):
@@ -390,7 +398,7 @@ def test_child_closes_no_inherited_socket(srv, service, held_srv):
     held_service.close()
 
 
-# ------------------------------------------------------------------------------ pickles (B53)
+# ------------------------------------------------------------------------------ pickles
 
 
 def _spawn_probe(payloads: list[bytes]) -> list[str]:
@@ -407,7 +415,8 @@ def _spawn_probe(payloads: list[bytes]) -> list[str]:
 
 
 def test_pickles_hold_no_key_and_spawn_child_needs_credentials(srv):
-    """T-I4 (B53): the default pickle is credential-free; the opt-in carries the key."""
+    """The default pickle is credential-free; the opt-in carries the key
+    (docs/design/behavior.md#credential-free-pickles)."""
     plain = tinker_sync.ServiceClient(base_url=srv.url, api_key=KEY)
     opted = tinker_sync.ServiceClient(base_url=srv.url, api_key=KEY, pickle_credentials=True)
     try:
@@ -469,20 +478,21 @@ def _sample_in_pool(method: str, workers: int, srv: LocalServer, monkeypatch: An
 
 
 def test_forkserver_pool_of_8_workers_samples_through_pickles_and_handles(srv, monkeypatch):
-    """T-I5 (B53): forkserver workers sample; pickles and handles carry no secret."""
+    """Forkserver workers sample; pickles and handles carry no secret
+    (docs/design/behavior.md#credential-free-pickles)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         pytest.skip("no forkserver")
     _sample_in_pool("forkserver", 8, srv, monkeypatch)
 
 
 def test_spawn_pool_samples_through_pickles_and_handles(srv, monkeypatch):
-    """T-I5 (B53), reduced: a spawn pool of 2 workers."""
+    """A spawn pool of 2 workers (reduced) (docs/design/behavior.md#credential-free-pickles)."""
     _sample_in_pool("spawn", 2, srv, monkeypatch)
 
 
 @pytest.mark.slow
 def test_spawn_pool_of_8_workers_samples_through_pickles_and_handles(srv, monkeypatch):
-    """T-I5 (B53), full size: a spawn pool of 8 workers."""
+    """A spawn pool of 8 workers (full size) (docs/design/behavior.md#credential-free-pickles)."""
     _sample_in_pool("spawn", 8, srv, monkeypatch)
 
 
@@ -491,7 +501,8 @@ def test_spawn_pool_of_8_workers_samples_through_pickles_and_handles(srv, monkey
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_handles_interoperate_with_the_official_sdk(srv, service):
-    """SURFACE 2.3: our handles work in the official SDK and the other way round."""
+    """Our handles work in the official SDK and the other way round
+    (docs/design/surface.md#sampling-client)."""
     tinker = pytest.importorskip("tinker")
     ours = service.create_sampling_client(base_model=BASE)
     official_service = tinker.ServiceClient(base_url=srv.url, api_key=KEY)
@@ -518,7 +529,7 @@ def test_handles_interoperate_with_the_official_sdk(srv, service):
     assert all(s >= SEQ_STRIDE for s in by_sampler[mine.sampler_id])  # our clone
 
 
-# ------------------------------------------------------------------------------ exit (B55)
+# ------------------------------------------------------------------------------ exit
 
 _T_I6_CHILD = r"""
 import sys, threading
@@ -541,7 +552,8 @@ print("ready", flush=True)
 
 @pytest.mark.parametrize("poller", [False, True])
 def test_script_exits_promptly_while_a_future_is_held(poller):
-    """T-I6 (B55): a subprocess with a held future exits within 3 s after its last line."""
+    """A subprocess with a held future exits within 3 s after its last line
+    (docs/design/behavior.md#fast-interpreter-exit)."""
     with LocalServer(
         backend="instant",
         api_key=KEY,

@@ -1,4 +1,5 @@
-"""Tests for tinker_sync._retry: T-E1, T-E2, T-E5, the classifier, both retry loops."""
+"""Tests for tinker_sync._retry: docs/design/behavior.md#http-retry-policy,
+docs/design/behavior.md#submission-loop, the classifier, both retry loops."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def status_exc(status: int, headers: dict[str, str] | None = None) -> APIStatusE
 
 
 # ---------------------------------------------------------------------------------------------
-# T-E1: status x x-should-retry matrix, backoff ladder at both jitter extremes
+# docs/design/behavior.md#http-retry-policy: status x x-should-retry matrix, backoff ladder at both
+# jitter extremes
 # ---------------------------------------------------------------------------------------------
 
 STATUSES = [400, 401, 402, 403, 404, 408, 409, 410, 422, 429, 499, 500, 502, 503, 504, 599]
@@ -85,7 +87,8 @@ def test_should_retry_matrix(status: int, header: str | None) -> None:
     forced = {"true": True, "false": False}.get((header or "").strip().lower())
     expected = forced if forced is not None else status in RETRYABLE
     assert should_retry(reply(status, headers)) is expected
-    # the same decision for the exception built from that reply (one classifier, B35)
+    # the same decision for the exception built from that reply (one classifier,
+    # docs/design/behavior.md#exception-hierarchy)
     exc = status_exc(status, headers)
     assert classify(exc).retryable is expected
     assert should_retry(exc) is expected
@@ -113,7 +116,7 @@ def test_holder_backoff_ladder() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# T-E2: Retry-After parsing
+# docs/design/behavior.md#http-retry-policy: Retry-After parsing
 # ---------------------------------------------------------------------------------------------
 
 
@@ -168,7 +171,7 @@ def test_retry_after_date_uses_the_clock_wall_time() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# classify (B35)
+# classify (docs/design/behavior.md#exception-hierarchy)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -237,7 +240,7 @@ def test_user_error_through_context_and_cycles() -> None:
 
 
 def test_exceptions_pickle_and_hold_no_secret() -> None:
-    """T-E8 for the errors the retry layer raises."""
+    """For the errors the retry layer raises (docs/design/behavior.md#exception-hierarchy)."""
     secret = "tml-retry-secret-0123456789"
     snapshot = ResponseSnapshot(429, {"X-API-Key": secret, "retry-after": "1"}, secret.encode())
     errors: list[BaseException] = [
@@ -376,7 +379,7 @@ def test_retry_hook_events() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# T-E5: the submission loop: 300 s budget, 402 billing window
+# The submission loop (docs/design/behavior.md#submission-loop): 300 s budget, 402 billing window
 # ---------------------------------------------------------------------------------------------
 
 
@@ -500,7 +503,7 @@ def test_submission_loop_retry_hooks() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# T-E8: every exception pickles and holds no secret
+# docs/design/behavior.md#exception-hierarchy: every exception pickles and holds no secret
 # ---------------------------------------------------------------------------------------------
 
 SECRET = "tml-t-e8-secret-key-0123456789"

@@ -1,4 +1,5 @@
-"""No secret in any log line, repr, exception string or default pickle (T-J3, B60).
+"""No secret in any log line, repr, exception string or default pickle
+(docs/design/behavior.md#secrets-never-leak).
 
 A quickstart runs with DEBUG logging of ``tinker_sync`` and ``urllib3`` (through caplog) using
 distinctive fake secrets: the API key, the exchanged JWT, the Cloudflare client secret and a
@@ -37,7 +38,7 @@ def texts_of(obj: Any) -> list[str]:
 
 
 def test_debug_quickstart_reprs_exceptions_and_pickles_hold_no_secret(monkeypatch, caplog):
-    """T-J3 (B60)."""
+    """Pins docs/design/behavior.md#secrets-never-leak."""
     monkeypatch.setenv("CLOUDFLARE_ACCESS_CLIENT_ID", "cf-client-id.access")
     monkeypatch.setenv("CLOUDFLARE_ACCESS_CLIENT_SECRET", CF_SECRET)
     caplog.set_level(logging.DEBUG, logger="tinker_sync")
@@ -139,7 +140,9 @@ def test_debug_quickstart_reprs_exceptions_and_pickles_hold_no_secret(monkeypatc
 
 
 def test_an_opted_in_pickle_carries_the_key_but_never_cf_secrets(server, monkeypatch):
-    """B53/B60: ``pickle_credentials=True`` is the only way a key reaches a pickle."""
+    """``pickle_credentials=True`` is the only way a key reaches a pickle
+    (docs/design/behavior.md#credential-free-pickles, docs/design/behavior.md#secrets-never-leak).
+    """
     monkeypatch.setenv("CLOUDFLARE_ACCESS_CLIENT_SECRET", CF_SECRET)
     with tinker_sync.ServiceClient(
         base_url=server.url, api_key=server.api_key, pickle_credentials=True

@@ -26,7 +26,7 @@ def datum() -> types.Datum:
 
 
 def test_constructor_sends_nothing_and_starts_no_thread(server):
-    """T-H1 (B45)."""
+    """Pins docs/design/behavior.md#lazy-single-init."""
     before = threading.active_count()
     service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key)
     assert threading.active_count() == before
@@ -36,7 +36,7 @@ def test_constructor_sends_nothing_and_starts_no_thread(server):
 
 
 def test_50_racing_first_uses_make_one_config_and_one_session(server):
-    """T-H1 (B45)."""
+    """Pins docs/design/behavior.md#lazy-single-init."""
     service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key)
     barrier = threading.Barrier(50)
     errors: list[BaseException] = []
@@ -72,7 +72,7 @@ def test_50_racing_first_uses_make_one_config_and_one_session(server):
     [(None, "success"), (ValueError("boom"), "errored"), (KeyboardInterrupt(), "interrupted")],
 )
 def test_context_manager_finishes_with_the_right_reason(server, raise_, reason):
-    """T-H3 (B47)."""
+    """Pins docs/design/behavior.md#close."""
     with pytest.raises(type(raise_)) if raise_ is not None else _nullcontext():
         with tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as service:
             service.create_sampling_client(base_model="base")
@@ -92,7 +92,7 @@ class _nullcontext:
 
 
 def test_close_is_idempotent_fails_pending_futures_and_refuses_later_use():
-    """T-H3 (B47): first reason wins; pending futures fail; later use raises."""
+    """First reason wins; pending futures fail; later use raises (docs/design/behavior.md#close)."""
     with LocalServer(long_poll_s=1.0) as server:
         service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key)
         training = service.create_lora_training_client("base", rank=4)
@@ -112,7 +112,7 @@ def test_close_is_idempotent_fails_pending_futures_and_refuses_later_use():
 
 
 def test_dynamic_config_404_means_defaults():
-    """T-H5 (B45)."""
+    """Pins docs/design/behavior.md#lazy-single-init."""
     with LocalServer(faults=["client/dynamic_config 404"]) as server:
         with tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as service:
             service.create_sampling_client(base_model="base")
@@ -131,7 +131,8 @@ def test_a_failed_start_is_not_cached(server):
 
 
 def test_telemetry_failures_never_reach_user_calls(monkeypatch):
-    """T-H4 (B48): a failing telemetry endpoint costs nothing but a dropped batch."""
+    """A failing telemetry endpoint costs nothing but a dropped batch
+    (docs/design/behavior.md#telemetry)."""
     monkeypatch.setenv("TINKER_TELEMETRY", "1")
     with LocalServer(faults=["telemetry 500 x*"]) as server:
         with tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as service:
@@ -147,7 +148,7 @@ def test_telemetry_failures_never_reach_user_calls(monkeypatch):
 
 
 def test_telemetry_queue_is_capped(monkeypatch, caplog):
-    """T-H4 (B48): overflow drops new events with one warning."""
+    """Overflow drops new events with one warning (docs/design/behavior.md#telemetry)."""
     from tinker_sync import _telemetry
 
     monkeypatch.setattr(_telemetry, "MAX_QUEUE", 50)
@@ -184,7 +185,8 @@ class _BeatClock(FakeClock):
 
 
 def test_heartbeat_cadence_warning_and_stop_on_410(caplog):
-    """T-H2 (B46): exact body, every 10 s, a warning once 120 s have failed, quiet stop on 410."""
+    """Exact body, every 10 s, a warning once 120 s have failed, quiet stop on 410
+    (docs/design/behavior.md#heartbeat)."""
     from tinker_sync._config import ClientConfig
     from tinker_sync._session import Session
 
@@ -208,8 +210,11 @@ def test_heartbeat_cadence_warning_and_stop_on_410(caplog):
 
 
 def test_held_sample_requests_do_not_starve_heartbeats_or_get_info():
-    """T-E6 (B31): with 400 SAMPLE-pool requests held open by the server, a heartbeat
-    (SESSION pool) and get_info (TRAIN pool) still complete: the pools are separate."""
+    """With 400 SAMPLE-pool requests held open by the server, a heartbeat
+    (SESSION pool) and get_info (TRAIN pool) still complete: the pools are separate.
+
+    See docs/design/behavior.md#connection-pools.
+    """
     import time
 
     from tinker_sync._config import Timeout
@@ -278,8 +283,11 @@ def _telemetry_events(server) -> list[dict]:  # type: ignore[no-untyped-def]
 
 
 def test_escaped_exceptions_are_reported_once_with_session_end(monkeypatch):
-    """B48: a failure escaping result() or a public call is reported once (user_error for
-    user errors, UNHANDLED_EXCEPTION otherwise) plus SESSION_END, flushed synchronously."""
+    """A failure escaping result() or a public call is reported once (user_error for
+    user errors, UNHANDLED_EXCEPTION otherwise) plus SESSION_END, flushed synchronously.
+
+    See docs/design/behavior.md#telemetry.
+    """
     from tinker_sync.exceptions import NotFoundError, RequestFailedError
 
     monkeypatch.setenv("TINKER_TELEMETRY", "1")
@@ -329,7 +337,8 @@ def test_escaped_exceptions_are_reported_once_with_session_end(monkeypatch):
 
 
 def test_telemetry_flushes_when_100_events_are_queued(monkeypatch):
-    """B48: a full batch wakes the timer thread at once (not after 10 s)."""
+    """A full batch wakes the timer thread at once (not after 10 s)
+    (docs/design/behavior.md#telemetry)."""
     monkeypatch.setenv("TINKER_TELEMETRY", "1")
     with LocalServer() as server:
         with tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as service:
@@ -346,7 +355,8 @@ def test_telemetry_flushes_when_100_events_are_queued(monkeypatch):
 
 
 def test_timer_thread_drives_the_jwt_background_refresh():
-    """B58: with JWT auth on, the session timer refreshes the token at 45-55 % of its life."""
+    """With JWT auth on, the session timer refreshes the token at 45-55 % of its life
+    (docs/design/behavior.md#jwt-auth)."""
     clock = FakeClock(rng=lambda: 0.5)  # refresh at exactly 50 % of the 3600 s lifetime
     config = {"pjwt_auth_enabled": True}
     with LocalServer(client_config=config, long_poll_s=1.0) as server:

@@ -1,4 +1,6 @@
-"""Tests for tinker_sync.tokenizer and tinker_sync._byte_tokenizer (T-G1..T-G3, B42-B44).
+"""Tests for tinker_sync.tokenizer and tinker_sync._byte_tokenizer
+(docs/design/behavior.md#tokenizer-resolution, docs/design/behavior.md#tokenizer-cache,
+docs/design/behavior.md#tokenizer-adapter).
 
 Unit tests never touch the network: an autouse fixture installs a loader that fails the test if
 the Hub would be contacted. The real Hub loader is exercised in a subprocess against a fake
@@ -109,7 +111,7 @@ def _bpe() -> TinkerTokenizer:
 
 
 # ---------------------------------------------------------------------------------------------
-# T-G1: resolution
+# docs/design/behavior.md#tokenizer-resolution: resolution
 # ---------------------------------------------------------------------------------------------
 
 RESOLUTION_TABLE = [
@@ -275,7 +277,7 @@ def test_set_tokenizer_loader_returns_previous_and_none_restores_default() -> No
 
 
 # ---------------------------------------------------------------------------------------------
-# T-G2: single flight, failures not cached, parallel ids, LRU
+# docs/design/behavior.md#tokenizer-cache: single flight, failures not cached, parallel ids, LRU
 # ---------------------------------------------------------------------------------------------
 
 
@@ -530,7 +532,7 @@ def test_fork_child_gets_a_fresh_inflight_table() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# T-G3: concurrent encode/decode match serial output
+# docs/design/behavior.md#tokenizer-adapter: concurrent encode/decode match serial output
 # ---------------------------------------------------------------------------------------------
 
 

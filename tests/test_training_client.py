@@ -27,7 +27,9 @@ def applied(server, model_id: str) -> list[tuple[int, str]]:
 
 
 def test_64_threads_each_send_fwd_bwd_then_optim_step_in_order(server, service):
-    """T-A1 (B1, B3): seq_ids contiguous; each thread's fwd precedes its optim_step."""
+    """Seq ids are contiguous; each thread's fwd precedes its optim_step
+    (docs/design/behavior.md#reserve-at-call-time,
+    docs/design/behavior.md#send-order-and-chunk-fanout)."""
     training = service.create_lora_training_client("base", rank=4)
     barrier = threading.Barrier(64)
     pairs: list[tuple[concurrent.futures.Future, concurrent.futures.Future]] = [None] * 64  # type: ignore[list-item]
@@ -71,7 +73,9 @@ def fwd_arrivals(server) -> list[int]:
 
 @pytest.mark.parametrize("parallel", [True, False])
 def test_3000_datums_go_as_3_chunks_lowest_last_then_optim_step(parallel):
-    """T-A2 (B3, B26): chunk order follows the server's policy; optim_step comes after."""
+    """Chunk order follows the server's policy; optim_step comes after
+    (docs/design/behavior.md#send-order-and-chunk-fanout, docs/design/behavior.md#fwdbwd-chunking).
+    """
     from tinker_sync.local import LocalServer
 
     config = {"parallel_fwdbwd_chunks": parallel}
@@ -97,7 +101,9 @@ def test_3000_datums_go_as_3_chunks_lowest_last_then_optim_step(parallel):
 
 
 def test_retried_chunk_reuses_seq_id_and_idempotency_key(server):
-    """T-A3 (B4, B34): 500, 500, 200 share seq_id and key; the next op leaves after."""
+    """500, 500, 200 share seq_id and key; the next op leaves after
+    (docs/design/behavior.md#turn-covers-send-and-retries, docs/design/behavior.md#idempotency-key).
+    """
     from tinker_sync._clock import FakeClock
 
     clock = FakeClock(rng=lambda: 0.0)  # jitter factor 1 - 0.25 * r: the top of the range
@@ -122,7 +128,8 @@ def test_retried_chunk_reuses_seq_id_and_idempotency_key(server):
 
 
 def test_cancel_returns_false_and_the_op_is_still_sent(server, service):
-    """T-A5 (B6): a queued training handle cannot be cancelled; 20 later ops complete."""
+    """A queued training handle cannot be cancelled; 20 later ops complete
+    (docs/design/behavior.md#training-not-cancellable)."""
     training = service.create_lora_training_client("base", rank=4)
     first = training.forward_backward([datum()], "cross_entropy")
     assert first.cancel() is False
@@ -134,7 +141,8 @@ def test_cancel_returns_false_and_the_op_is_still_sent(server, service):
 
 
 def test_optim_step_is_accepted_while_fwd_result_is_held():
-    """T-A6 (B4): polling never holds the turn; optim_step is sent while fwd is pending."""
+    """Polling never holds the turn; optim_step is sent while fwd is pending
+    (docs/design/behavior.md#turn-covers-send-and-retries)."""
     from tinker_sync.local import LocalServer
 
     with LocalServer(long_poll_s=1.0) as server:
@@ -151,7 +159,8 @@ def test_optim_step_is_accepted_while_fwd_result_is_held():
 
 
 def test_validation_errors_consume_no_seq_id(server, service):
-    """T-A7 (B2): every local error is raised before a seq_id is taken."""
+    """Every local error is raised before a seq_id is taken
+    (docs/design/behavior.md#validate-before-reserving)."""
     training = service.create_lora_training_client("base", rank=4)
     pointer = types.ImageAssetPointerChunk(format="png", location="x", expected_tokens=2)
     bad_calls = [
@@ -183,7 +192,9 @@ def test_validation_errors_consume_no_seq_id(server, service):
 
 
 def test_32_clients_8_threads_mixed_ops_all_finish(server, service):
-    """T-A8 (B3, B54): no pool deadlock with many clients and threads."""
+    """No pool deadlock with many clients and threads
+    (docs/design/behavior.md#send-order-and-chunk-fanout, docs/design/behavior.md#thread-inventory).
+    """
     from tinker_sync._executor import _pools, configure_threads
 
     clients = [service.create_lora_training_client("base", rank=4) for _ in range(32)]
@@ -218,7 +229,8 @@ def test_32_clients_8_threads_mixed_ops_all_finish(server, service):
 
 
 def test_metadata_calls_do_not_queue_behind_a_held_send(server, service):
-    """T-A9 (B7): get_info and get_tokenizer return while a submission is held open."""
+    """``get_info`` and ``get_tokenizer`` return while a submission is held open
+    (docs/design/behavior.md#metadata-bypasses-sequencer)."""
     training = service.create_lora_training_client("base", rank=4)
     server.faults.add("forward_backward delay=3")
     fwd = training.forward_backward([datum()], "cross_entropy")
@@ -231,7 +243,8 @@ def test_metadata_calls_do_not_queue_behind_a_held_send(server, service):
 
 
 def test_a_rejected_chunk_fails_only_its_op_and_names_the_accepted_chunks():
-    """T-A4 (B5): op k fails with the chunk's error; op k+1 takes the next id and completes."""
+    """Op k fails with the chunk's error; op k+1 takes the next id and completes
+    (docs/design/behavior.md#failed-send-fails-one-op)."""
     from tinker_sync.exceptions import BadRequestError
     from tinker_sync.local import LocalServer
 
@@ -250,12 +263,15 @@ def test_a_rejected_chunk_fails_only_its_op_and_names_the_accepted_chunks():
             assert [s for s, _ in applied(server, training.model_id)] == [0, 1, 3]
 
 
-# ------------------------------------------------------------------------------ T-C5 (B19)
+# ------------------------------------------------------------------------------
 
 
 def test_a_callback_that_submits_the_next_op_does_not_deadlock(server, service):
-    """T-C5 (B19): futures complete outside every SDK lock, so a done-callback may re-enter
-    the client (submit, and even wait for, the next op) on the completing thread."""
+    """Futures complete outside every SDK lock, so a done-callback may re-enter
+    the client (submit, and even wait for, the next op) on the completing thread.
+
+    See docs/design/behavior.md#never-drop-a-failure.
+    """
     training = service.create_lora_training_client("base", rank=4)
     finished = threading.Event()
     chain: list[int] = []
@@ -289,7 +305,8 @@ def test_a_callback_that_submits_the_next_op_does_not_deadlock(server, service):
 
 
 def test_a_raising_callback_is_isolated(server, service, caplog):
-    """T-C5 (B19): a raising callback is logged; other callbacks and the result are intact."""
+    """A raising callback is logged; other callbacks and the result are intact
+    (docs/design/behavior.md#never-drop-a-failure)."""
     import logging
 
     training = service.create_lora_training_client("base", rank=4)
@@ -319,12 +336,15 @@ def test_a_raising_callback_is_isolated(server, service, caplog):
     assert len(failures) == 1 and failures[0].exc_info is not None
 
 
-# ------------------------------------------------------------------------------ T-E4 (B34)
+# ------------------------------------------------------------------------------
 
 
 def test_one_idempotency_key_across_both_retry_layers(server):
-    """T-E4 (B34): 11 HTTP attempts (500) exhaust the HTTP layer; the submission loop resends
-    with the same key; an identical second call gets a new key; GETs carry none."""
+    """11 HTTP attempts (500) exhaust the HTTP layer; the submission loop resends
+    with the same key; an identical second call gets a new key; GETs carry none.
+
+    See docs/design/behavior.md#idempotency-key.
+    """
     from tinker_sync._clock import FakeClock
 
     clock = FakeClock(rng=lambda: 0.0)
@@ -359,13 +379,16 @@ def test_one_idempotency_key_across_both_retry_layers(server):
         service.close()
 
 
-# ------------------------------------------------------------------------------ T-D4 (B27)
+# ------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
 def test_two_clients_with_40mb_chunks_under_the_50mb_budget_do_not_deadlock():
-    """T-D4 (B27): the fwd/bwd byte gate is taken inside each chunk's turn, so two clients
-    whose chunks are 40 MB each (budget 50 MB, admitted while >= 0) all finish."""
+    """The fwd/bwd byte gate is taken inside each chunk's turn, so two clients
+    whose chunks are 40 MB each (budget 50 MB, admitted while >= 0) all finish.
+
+    See docs/design/behavior.md#fwdbwd-byte-gate.
+    """
     from tinker_sync._wire._chunking import estimate_datum_bytes
     from tinker_sync.local import LocalServer
 

@@ -1,4 +1,8 @@
-"""Tests for tinker_sync._transport over real loopback HTTP (T-E3, T-E7, T-E8, T-J2, B36, B50).
+"""Tests for tinker_sync._transport over real loopback HTTP
+(docs/design/behavior.md#http-retry-policy, docs/design/behavior.md#timeouts,
+docs/design/behavior.md#limiter-registry, docs/design/behavior.md#exception-hierarchy,
+docs/design/behavior.md#jwt-auth, docs/design/behavior.md#request-headers,
+docs/design/behavior.md#drop-inherited-transport).
 
 Two servers are used: a tiny scripted stdlib ``http.server`` (below) where a test needs exact
 control of the socket (read timeouts, dropped or half-sent replies, raw headers, barriers) and
@@ -281,7 +285,7 @@ def test_sdk_method_scope_outermost_wins_and_is_captured_by_specs() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Headers (B36)
+# Headers (docs/design/behavior.md#request-headers)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -387,7 +391,7 @@ def test_redirect_strips_secrets_across_origins(stub: Stub) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Timeouts (T-E7)
+# Timeouts (docs/design/behavior.md#timeouts, docs/design/behavior.md#limiter-registry)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -519,7 +523,7 @@ def test_map_transport_error(exc: BaseException, expected: type[BaseException] |
 
 
 # ---------------------------------------------------------------------------------------------
-# Status replies, bare 400 (T-E3)
+# Status replies, bare 400 (docs/design/behavior.md#http-retry-policy)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -542,7 +546,7 @@ def test_error_statuses_are_returned_and_mapped(stub: Stub) -> None:
     assert error_from_reply(server).body == "overloaded"
     with pytest.raises(APIResponseValidationError):
         junk.json()
-    for e in (err, error_from_reply(server)):  # T-E8
+    for e in (err, error_from_reply(server)):  # docs/design/behavior.md#exception-hierarchy
         clone = pickle.loads(pickle.dumps(e))
         assert type(clone) is type(e) and KEY not in pickle.dumps(e).decode("latin-1")
 
@@ -575,7 +579,7 @@ def test_bare_400_budget_drains_and_refills(stub: Stub) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Retries over real HTTP (T-E4 key reuse)
+# Retries over real HTTP (docs/design/behavior.md#idempotency-key key reuse)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -595,7 +599,8 @@ def test_retries_share_one_idempotency_key_and_count_attempts(stub: Stub) -> Non
 
 
 # ---------------------------------------------------------------------------------------------
-# JWT: 5 concurrent invalid_token 401s -> one exchange and one replay each (T-J2, B58)
+# JWT: 5 concurrent invalid_token 401s -> one exchange and one replay each
+# (docs/design/behavior.md#jwt-auth)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -748,7 +753,7 @@ def test_transport_is_not_picklable_and_repr_is_clean(stub: Stub) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Lifecycle and fork (B50)
+# Lifecycle and fork (docs/design/behavior.md#drop-inherited-transport)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -844,7 +849,8 @@ def test_abort_inflight_unblocks_a_long_read(stub: Stub) -> None:
 
 @pytest.mark.slow
 def test_interpreter_exit_aborts_long_polls_in_pool_threads() -> None:
-    """B55: a ThreadPoolExecutor job blocked on a 3600 s read does not delay exit."""
+    """A ThreadPoolExecutor job blocked on a 3600 s read does not delay exit
+    (docs/design/behavior.md#fast-interpreter-exit)."""
     script = textwrap.dedent(
         """
         import socket, threading

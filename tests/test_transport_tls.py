@@ -1,4 +1,5 @@
-"""HTTPS through the transport: certificate checks, keep-alive, never-sent errors (B30, B33).
+"""HTTPS through the transport: certificate checks, keep-alive, never-sent errors
+(docs/design/behavior.md#timeouts, docs/design/behavior.md#submission-loop).
 
 A throwaway CA and a server certificate for 127.0.0.1 are made with ``cryptography`` (skipped
 when it is not installed); the server is the stdlib ``http.server`` behind ``ssl``.

@@ -5,7 +5,7 @@ Usage::
     from tinker_sync._config import ClientConfig, ServerConfig, Timeout
 
     config = ClientConfig.from_env(api_key=None, base_url=None)   # env read here, once
-    config.normalized_base_url          # key for connection pools and rate limiters (B11)
+    config.normalized_base_url          # key for connection pools and rate limiters
     config.credentials.identity         # sha256 of the key / command text (lazy: first use)
     config.timeout.as_tuple()           # (connect, read) for requests
     server = ServerConfig.from_dict(reply_json)   # lenient: unknown keys ignored
@@ -213,7 +213,8 @@ def _suggest_scheme(text: str) -> str:
 
 
 def normalize_base_url(url: str) -> str:
-    """Canonical form of a base URL; the single key for pools and limiters (B11).
+    """Canonical form of a base URL; the single key for pools and limiters
+    (docs/design/behavior.md#limiter-registry).
 
     Lower-cases scheme and host, drops the default port (80 for http, 443 for https), drops
     user info, query and fragment, keeps the path (case preserved) without trailing ``/``::
@@ -426,11 +427,12 @@ def read_stored_default_key(path: Path) -> str | None:
 class Credentials:
     """The caller's raw credential, resolved lazily in the official precedence order.
 
-    Order (B57): ``api_key`` argument, ``TINKER_API_KEY``, ``TINKER_CREDENTIAL_CMD`` (run on
-    every :meth:`fetch`), then the default key of ``~/.tinker/credentials.json``. A key must
-    start with ``tml-`` or be a JWT (``eyJ...``, whose ``exp`` is checked at each fetch). An
-    invalid argument/env key falls back to the command when one is set. Nothing is read or run
-    until first use; a missing credential raises :class:`MissingCredentialsError` then.
+    Order (docs/design/behavior.md#credential-order): ``api_key`` argument, ``TINKER_API_KEY``,
+    ``TINKER_CREDENTIAL_CMD`` (run on every :meth:`fetch`), then the default key of
+    ``~/.tinker/credentials.json``. A key must start with ``tml-`` or be a JWT (``eyJ...``, whose
+    ``exp`` is checked at each fetch). An invalid argument/env key falls back to the command when
+    one is set. Nothing is read or run until first use; a missing credential raises
+    :class:`MissingCredentialsError` then.
 
     Usage::
 
@@ -774,8 +776,9 @@ class ClientConfig:
     ``timeout``, ``max_retries``, ``telemetry``, ``log_level``.
 
     Pickling keeps only non-secret fields; the unpickled copy resolves its credential and the
-    Cloudflare secret from its own process environment (B53).
-    Thread safety: immutable. Fork safety: plain data.
+    Cloudflare secret from its own process environment
+    (docs/design/behavior.md#credential-free-pickles). Thread safety: immutable. Fork safety: plain
+    data.
     """
 
     base_url: str
@@ -847,7 +850,8 @@ class ClientConfig:
 
     @property
     def credential_identity(self) -> str:
-        """SHA-256 hex of the static key or command text (limiter key, B11); resolves lazily."""
+        """SHA-256 hex of the static key or command text (limiter key,
+        docs/design/behavior.md#limiter-registry); resolves lazily."""
         return self.credentials.identity
 
     @property
@@ -979,7 +983,8 @@ def _str(default: str) -> Any:
 
 @attrs.frozen(kw_only=True)
 class ServerConfig:
-    """Flags from ``POST /api/v1/client/config`` (PROTOCOL §1.1), with the official defaults.
+    """Flags from ``POST /api/v1/client/config`` (docs/design/protocol.md#client-config), with the
+    official defaults.
 
     Build with :meth:`from_dict`: unknown keys are ignored, null means "default", and a value of
     the wrong type falls back to the default with a warning (never an exception).
@@ -1019,7 +1024,8 @@ class ServerConfig:
 
 @attrs.frozen(kw_only=True)
 class DynamicConfig:
-    """Reply of ``POST /api/v1/client/dynamic_config`` with defaults (PROTOCOL §1.1).
+    """Reply of ``POST /api/v1/client/dynamic_config`` with defaults
+    (docs/design/protocol.md#client-config).
 
     ``refresh_every`` is ``max(refresh_interval_sec, 10)`` seconds.
     Thread safety: immutable. Fork safety: plain data.

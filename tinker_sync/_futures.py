@@ -76,8 +76,8 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
         self._inline_thread: int | None = None
         self._callbacks_added = False
         if not cancellable:
-            # RUNNING futures cannot be cancelled: a skipped training request would leave a
-            # seq_id gap that the server waits on (B6).
+            # RUNNING futures cannot be cancelled: a skipped training request would leave a seq_id
+            # gap that the server waits on (docs/design/behavior.md#training-not-cancellable).
             self.set_running_or_notify_cancel()
         with _pending_lock:
             _pending.add(self)
@@ -203,7 +203,8 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
         return self._inline_thread == threading.get_ident() and not self._callbacks_added
 
     def _report(self, exc: BaseException) -> None:
-        """Report a failure escaping ``result()`` to the owner's telemetry, once (B48)."""
+        """Report a failure escaping ``result()`` to the owner's telemetry, once
+        (docs/design/behavior.md#telemetry)."""
         owner = getattr(self, "_owner", None)
         if owner is not None and isinstance(exc, Exception):
             from tinker_sync._telemetry import report_escaped

@@ -4,9 +4,9 @@ Usage::
 
     from tinker_sync._retry import send_with_retries, submission_loop, classify, BillingPause
 
-    reply = send_with_retries(transport, spec)                 # HTTP layer (B32)
+    reply = send_with_retries(transport, spec)                 # HTTP layer
     result = submission_loop(lambda: parse(send_with_retries(transport, spec)),
-                             clock=clock, billing=session_billing)   # holder layer (B33)
+                             clock=clock, billing=session_billing)   # holder layer
 
 Two layers, both sleeping only through the injected :class:`~tinker_sync._clock.Clock`:
 
@@ -18,7 +18,8 @@ Two layers, both sleeping only through the injected :class:`~tinker_sync._clock.
   ``min(2^n, 30)`` s, trimmed so the total stays within 300 s; a 402 pauses 5 s at a time
   (uncounted) while the billing incident is younger than the window (3600 s).
 
-:func:`classify` is the single classification used by both loops, telemetry and logs (B35).
+:func:`classify` is the single classification used by both loops, telemetry and logs
+(docs/design/behavior.md#exception-hierarchy).
 
 Thread safety: pure functions; :class:`BillingPause` is lock-guarded and meant to be shared by
 all calls of one session. Fork safety: plain state.
@@ -218,7 +219,8 @@ def is_user_error(exc: BaseException) -> bool:
 
 @attrs.frozen
 class Classification:
-    """What a failure means: ``retryable`` (by B35), ``user_error``, status and outcome."""
+    """What a failure means: ``retryable`` (by docs/design/behavior.md#exception-hierarchy),
+    ``user_error``, status and outcome."""
 
     retryable: bool
     user_error: bool
@@ -228,7 +230,8 @@ class Classification:
 
 
 def classify(exc: BaseException) -> Classification:
-    """The one classifier (B35) shared by both retry loops, telemetry and logs.
+    """The one classifier (docs/design/behavior.md#exception-hierarchy) shared by both retry loops,
+    telemetry and logs.
 
     Retryable: an :class:`APIStatusError` whose response says ``x-should-retry: true`` (or not
     ``false`` and has status 408/409/429/5xx); every connection error and timeout, including
@@ -317,7 +320,7 @@ def should_retry(outcome: Reply | BaseException) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# HTTP retry loop (B32)
+# HTTP retry loop (docs/design/behavior.md#http-retry-policy)
 # --------------------------------------------------------------------------------------------
 
 
@@ -398,7 +401,7 @@ def send_with_retries(
 
 
 # --------------------------------------------------------------------------------------------
-# Holder / submission loop (B33)
+# Holder / submission loop (docs/design/behavior.md#submission-loop)
 # --------------------------------------------------------------------------------------------
 
 
@@ -463,7 +466,8 @@ def submission_loop(
     what: str = "request",
     stop: Callable[[], BaseException | None] | None = None,
 ) -> T:
-    """Call ``fn()`` until it succeeds, mirroring the official holder loop (B33).
+    """Call ``fn()`` until it succeeds, mirroring the official holder loop
+    (docs/design/behavior.md#submission-loop).
 
     * Retryable failures (:func:`classify`) wait ``min(2^n, 30)`` s (reason
       ``"submission-retry"``), trimmed so that the time since the first attempt never exceeds
@@ -481,7 +485,8 @@ def submission_loop(
     * ``on_exception(exc, classification, attempt, elapsed)`` sees every failure but billing
       pauses (telemetry); its exceptions are logged.
 
-    ``fn`` must reuse one :class:`RequestSpec` (one idempotency key) across calls (B34).
+    ``fn`` must reuse one :class:`RequestSpec` (one idempotency key) across calls
+    (docs/design/behavior.md#idempotency-key).
     """
     if billing is None:
         billing = BillingPause(billing_window_s)

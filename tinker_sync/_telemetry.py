@@ -1,4 +1,5 @@
-"""Batched background telemetry that never raises into user code (B48).
+"""Batched background telemetry that never raises into user code
+(docs/design/behavior.md#telemetry).
 
 Usage (inside the session)::
 
@@ -10,11 +11,12 @@ Usage (inside the session)::
     @captures_exceptions                 # on public client methods (``self._session``)
     def create_lora_training_client(self, ...): ...
 
-Events queue (at most 10,000; overflow drops new events with one warning) and are flushed by
-the session timer thread every 10 s, or as soon as 100 are queued, in batches of at most 100.
-A reply other than exactly ``{"status": "accepted"}`` drops the batch. Opt out with
-``TINKER_TELEMETRY=0``. An exception escaping a public call or ``APIFuture.result()`` is
-reported once (B48): the wrapper costs one frame on the success path and nothing else.
+Events queue (at most 10,000; overflow drops new events with one warning) and are flushed by the
+session timer thread every 10 s, or as soon as 100 are queued, in batches of at most 100. A reply
+other than exactly ``{"status": "accepted"}`` drops the batch. Opt out with ``TINKER_TELEMETRY=0``.
+An exception escaping a public call or ``APIFuture.result()`` is reported once
+(docs/design/behavior.md#telemetry): the wrapper costs one frame on the success path and nothing
+else.
 
 Thread safety: all methods are thread-safe. Fork safety: ``process_uuid`` is new in a child.
 """
@@ -242,7 +244,8 @@ def report_escaped(exc: BaseException, session: object) -> None:
 
 
 def captures_exceptions(fn: F) -> F:
-    """Decorate a public client method: an escaping ``Exception`` is reported (B48), re-raised.
+    """Decorate a public client method: an escaping ``Exception`` is reported
+    (docs/design/behavior.md#telemetry), re-raised.
 
     The instance must have a ``_session`` attribute.
     """

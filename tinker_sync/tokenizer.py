@@ -77,7 +77,7 @@ _BUILTIN_ALIASES: dict[str, str] = {
 }
 _TML_PREFIXES = ("TML/", "thinkingmachines/")
 #: Models whose official tokenizer is Python code from the repo (``trust_remote_code=True``):
-#: model id -> (repository, pinned revision). Source: PROTOCOL.md §10.
+#: model id -> (repository, pinned revision). Source: docs/design/protocol.md#tokenizer-resolution.
 _REMOTE_CODE_PINS: dict[str, tuple[str, str]] = {
     "moonshotai/Kimi-K2-Thinking": (
         "moonshotai/Kimi-K2-Thinking",

@@ -8,10 +8,13 @@ Usage::
     print(fwd.result().metrics["loss:sum"], opt.result())
 
 **Ordering.** Each call takes its seq_ids under the client's lock in the caller's thread, so
-requests leave in the order the calls were made, across threads too (B1). A chunked
-forward_backward follows the server's chunk policy (chunks 2..C concurrently, the lowest seq_id
-last, B3). A failed send fails only its own future; the client stays usable (B5). Training
-futures are not cancellable: ``cancel()`` returns False and the request is still sent (B6).
+requests leave in the order the calls were made, across threads too
+(docs/design/behavior.md#reserve-at-call-time). A chunked forward_backward follows the server's
+chunk policy (chunks 2..C concurrently, the lowest seq_id last,
+docs/design/behavior.md#send-order-and-chunk-fanout). A failed send fails only its own future; the
+client stays usable (docs/design/behavior.md#failed-send-fails-one-op). Training futures are not
+cancellable: ``cancel()`` returns False and the request is still sent
+(docs/design/behavior.md#training-not-cancellable).
 
 Thread safety: share freely between threads. Fork safety: training operations raise
 ForkedProcessError in a forked child (the parent owns the model's seq_ids).
@@ -94,7 +97,8 @@ def _with_seq_id(body: bytes, seq_id: int) -> bytes:
     """Append field 2 (``seq_id``) to a ForwardBackwardRequest encoded without it.
 
     Protobuf parsers accept fields in any order, so the request can be encoded (and validated)
-    before the seq_id is reserved (B2) and patched at send time without re-encoding.
+    before the seq_id is reserved (docs/design/behavior.md#validate-before-reserving) and patched at
+    send time without re-encoding.
     """
     return body + b"\x10" + uvarint(seq_id)
 
@@ -139,7 +143,7 @@ class TrainingClient:
         """``await client`` gives the client at once (creation results are awaitable)."""
         return _pending.ready(self)
 
-    # ---------------------------------------------------------------- metadata (B7)
+    # ---------------------------------------------------------------- metadata
 
     def get_info(self) -> GetInfoResponse:
         """Model info fetched at creation (cached; never queues behind sends)."""
@@ -280,7 +284,8 @@ class TrainingClient:
         loss_fn_config: Mapping[str, float | str] | None,
         forward_only: bool,
     ) -> tuple[list[bytes], list[int]]:
-        """Validate and encode every chunk (without seq_id) before anything is reserved (B2)."""
+        """Validate and encode every chunk (without seq_id) before anything is reserved
+        (docs/design/behavior.md#validate-before-reserving)."""
         from tinker_sync._wire._chunking import chunk_ranges, estimate_datum_bytes
         from tinker_sync._wire._proto import encode_forward_backward_request
 
@@ -406,7 +411,9 @@ class TrainingClient:
             for i in range(n):
                 send(i)
                 if failures:
-                    break  # chunks not yet sent are skipped; their ids stay consumed (B5)
+                    # Chunks not yet sent are skipped; their ids stay consumed
+                    # (docs/design/behavior.md#failed-send-fails-one-op).
+                    break
 
         accepted = [i for i in range(n) if request_ids[i] is not None]
         group.future._set_request_ids(tuple(request_ids[i] for i in accepted))  # type: ignore[misc]
@@ -426,7 +433,7 @@ class TrainingClient:
                 created_at,
             )
 
-    # ---------------------------------------------------------------- custom loss (B9)
+    # ---------------------------------------------------------------- custom loss
 
     @captures_exceptions
     def forward_backward_custom(
@@ -747,7 +754,7 @@ class TrainingClient:
             record_stability_info=record_stability_info,
         )
 
-    # ---------------------------------------------------------------- async aliases (B17)
+    # ---------------------------------------------------------------- async aliases
 
     forward_async = direct_alias(forward)
     forward_backward_async = direct_alias(forward_backward)

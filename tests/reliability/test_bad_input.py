@@ -1,10 +1,11 @@
 """Bad input across the public API: a typed, field-naming error and nothing on the wire.
 
 Each row is one invalid call. It must raise synchronously a ``ValueError`` / ``TypeError`` /
-``KeyError`` subclass (the row says which) whose message names the offending field, and the
-server's request log must show that nothing was sent (count before == after, ignoring the
-session's background heartbeats). The training rows also prove B2: after all of them, the next
-valid training op still gets the next seq_id (no id was burnt by a rejected call).
+``KeyError`` subclass (the row says which) whose message names the offending field, and the server's
+request log must show that nothing was sent (count before == after, ignoring the session's
+background heartbeats). The training rows also prove
+docs/design/behavior.md#validate-before-reserving: after all of them, the next valid training op
+still gets the next seq_id (no id was burnt by a rejected call).
 
 CLI rows run ``tinker-sync`` (the console script, or ``python -m tinker_sync``, the same entry
 point) in a subprocess and expect exit status 2 with the argument named on stderr.
@@ -250,7 +251,7 @@ ROWS = [
         ValueError,
         "path",
     ),
-    # ---------------------------------------------------------------- TrainingClient (B2)
+    # ---------------------------------------------------------------- TrainingClient
     Row(
         "forward_backward.empty-data",
         lambda c: c.training.forward_backward([], "cross_entropy"),
@@ -292,7 +293,7 @@ ROWS = [
     Row(
         "forward.empty-data", lambda c: c.training.forward([], "cross_entropy"), ValueError, "data"
     ),
-    # ---------------------------------------------------------------- SamplingClient (B16)
+    # ---------------------------------------------------------------- SamplingClient
     Row("sample.prompt-type", lambda c: c.sampler.sample("hello", 1, SP), TypeError, "prompt"),
     Row("sample.num_samples-zero", lambda c: c.sampler.sample(P, 0, SP), ValueError, "num_samples"),
     Row(
@@ -399,7 +400,8 @@ def test_invalid_call_raises_a_typed_field_naming_error_and_sends_nothing(
 
 
 def test_rejected_training_calls_burn_no_seq_id(ctx: Ctx) -> None:
-    """B2: after every training row above was rejected, the next op takes the next seq_id."""
+    """After every training row above was rejected, the next op takes the next seq_id
+    (docs/design/behavior.md#validate-before-reserving)."""
     for row in ROWS:
         if row.id.startswith(("forward_backward.", "optim_step.", "save_state.", "forward.")):
             with pytest.raises((ValueError, TypeError, KeyError)):

@@ -177,7 +177,8 @@ FAULTS: list[FaultKind] = [
         "5xx_should_retry_false",
         lambda t: sub(_terminal_eps(t), f"503 should_retry=false x1 after={_after(t)}"),
         # Sampling: the sampling retry layer retries every 5xx with a NEW seq_id, whatever
-        # x-should-retry says (B15, parity with the official RetryHandler), so nothing fails.
+        # x-should-retry says (docs/design/behavior.md#sampling-retry-layer, parity with the
+        # official RetryHandler), so nothing fails.
         lambda t: (
             OK
             if t == "sampling"
@@ -199,7 +200,7 @@ FAULTS: list[FaultKind] = [
             t,
             per_call=Expect(len(REST_EPS), APIStatusError, RequestOutcome.REJECTED),
             training=Expect(1, FutureExpiredError, RequestOutcome.UNKNOWN),
-            sampling=OK,  # a polled 410 resubmits the sample with a new seq_id (B15)
+            sampling=OK,  # a polled 410 resubmits the sample with a new seq_id (docs/design/behavior.md#sampling-retry-layer)
         ),
     ),
     FaultKind(
@@ -415,8 +416,10 @@ def check_sampling(
     for op in ops:
         assert op.callbacks == [1], f"{op.label} completed {len(op.callbacks)} times"
     asamples = [r for r in records if r.json]
-    # one seq_id per call, plus one fresh seq_id per sampling-layer retry (B10, B15): only the
-    # faults that fail an accepted sample (polled 410) or a 5xx the HTTP layers gave up on
+    # one seq_id per call, plus one fresh seq_id per sampling-layer retry
+    # (docs/design/behavior.md#sampling-lock-free-seq-ids,
+    # docs/design/behavior.md#sampling-retry-layer): only the faults that fail an accepted sample
+    # (polled 410) or a 5xx the HTTP layers gave up on
     resubmits = fk.name in ("410_expired", "5xx_should_retry_false")
     fresh = hits if resubmits else 0
     assert len({r.json["seq_id"] for r in asamples}) == len(ops) + fresh
@@ -514,8 +517,9 @@ def check_creation(server: Any, service: Any, ops: list[Op], clients: list[Any])
     keys = {(r.json["session_id"], r.json["sampling_session_seq_id"]) for r in samplings}
     assert len(state["samplers"]) == len(keys), (state["samplers"], keys)
     assert sampler.sampler_id in state["samplers"]
-    # create_session is not deduplicated (B33: not under the submission loop, no server-side
-    # key): a session whose reply was lost stays behind, empty, until it expires
+    # create_session is not deduplicated (docs/design/behavior.md#submission-loop: not under the
+    # submission loop, no server-side key): a session whose reply was lost stays behind, empty,
+    # until it expires
     sessions = [r for r in server.requests.filter(endpoint="create_session") if handled(r)]
     assert len(state["sessions"]) == len(sessions)
     assert service._session.session_id in state["sessions"]
@@ -609,11 +613,12 @@ def test_cell(fk: FaultKind, target: str) -> None:
 
 
 def test_refused_for_good_fails_typed_as_not_sent() -> None:
-    """Connections refused longer than every retry budget (on fake clocks): training and REST
-    calls fail typed (StalledError, APIConnectError), outcome NOT_SENT; sampling, which retries connection
-    errors without a count limit (B15), fails with SamplingStuckError once its progress timeout
-    passes -- and indeed nothing reached the server. One client (and clock) per call, each
-    starting at virtual time 0 (see test_submission_budget_ends_whatever_the_clock_reads)."""
+    """Connections refused longer than every retry budget (on fake clocks): training and REST calls
+    fail typed (StalledError, APIConnectError), outcome NOT_SENT; sampling, which retries connection
+    errors without a count limit (docs/design/behavior.md#sampling-retry-layer), fails with
+    SamplingStuckError once its progress timeout passes -- and indeed nothing reached the server.
+    One client (and clock) per call, each starting at virtual time 0 (see
+    test_submission_budget_ends_whatever_the_clock_reads)."""
     with LocalServer(long_poll_s=1.0, api_key=None, gap_grace_s=1.0) as server:
         clocks = [FakeClock(wall=time.time(), seed=k) for k in range(3)]
         services = [
@@ -659,10 +664,13 @@ def test_refused_for_good_fails_typed_as_not_sent() -> None:
 
 
 def test_submission_budget_ends_whatever_the_clock_reads() -> None:
-    """B33: the 300 s submission budget ends for every clock reading. Started at virtual time
+    """The 300 s submission budget ends for every clock reading. Started at virtual time
     212.3 (about 1 start in 12 behaves like this), the trimmed last wait is 0 s while
     ``now - start`` stays a hair under 300, so the loop never stops on a virtual clock (a hang,
-    busy-looping against the server); on a real clock, a burst of immediate extra retries."""
+    busy-looping against the server); on a real clock, a burst of immediate extra retries.
+
+    See docs/design/behavior.md#submission-loop.
+    """
     from tinker_sync._retry import submission_loop
 
     calls = 0

@@ -1,4 +1,6 @@
-"""Fork storm: ``os.fork()`` at random moments from a busy parent (B49-B52, T-I1, T-I2).
+"""Fork storm: ``os.fork()`` at random moments from a busy parent
+(docs/design/behavior.md#fork-detection, docs/design/behavior.md#drop-inherited-transport,
+docs/design/behavior.md#inherited-futures-fail-fast, docs/design/behavior.md#forked-child-clients).
 
 The parent keeps ~200 samples in flight, runs a training loop and, for every other fork, has a
 helper thread hold SDK locks (the sampler's seq lock, the transport pool registry, the limiter
@@ -414,12 +416,14 @@ def test_fork_storm(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_child_survives_the_secret_registry_lock_held_at_fork(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """B49: a lock held by another parent thread at fork must not block the child.
+    """A lock held by another parent thread at fork must not block the child.
 
     ``tinker_sync._redact._lock`` guards ``register_secret``, which runs whenever a credential
     is resolved (every ``Secret``), when a JWT is refreshed and on ``copy_weights`` with a
     token, so a parent thread can hold it at any moment. It is a plain ``threading.Lock`` with
     no after-fork reset, unlike the SDK's other locks.
+
+    See docs/design/behavior.md#fork-detection.
     """
     from tinker_sync import _redact
 
@@ -443,11 +447,13 @@ def test_child_survives_the_secret_registry_lock_held_at_fork(
 def test_a_done_callback_cannot_deadlock_the_forked_child(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """B51: inherited futures fail fast in the child, whatever callbacks they carry.
+    """Inherited futures fail fast in the child, whatever callbacks they carry.
 
     A done-callback that takes a lock (a semaphore bounding in-flight samples is the usual
     case) must not run inside the child's at-fork hook: that lock may be held by a parent
     thread that does not exist in the child, and ``fork()`` would then never return there.
+
+    See docs/design/behavior.md#inherited-futures-fail-fast.
     """
     monkeypatch.setenv("TINKER_API_KEY", "tml-" + secrets.token_hex(20))
     with LocalServer(long_poll_s=1.0, api_key=None, in_subprocess=True) as server:
@@ -554,9 +560,12 @@ print(json.dumps(report))
 
 
 def test_fork_during_a_lazy_import_in_a_worker() -> None:
-    """B49: fork at any moment must not hang the child -- including the moment an SDK worker
+    """Fork at any moment must not hang the child -- including the moment an SDK worker
     thread is importing a module for the first time (its module lock stays held forever in
-    the child). Run in a fresh interpreter, so nothing is imported yet."""
+    the child). Run in a fresh interpreter, so nothing is imported yet.
+
+    See docs/design/behavior.md#fork-detection.
+    """
     import subprocess
     import sys
 

@@ -1,4 +1,5 @@
-"""``close()`` gives back what the client opened (B47), without waiting for the garbage collector.
+"""``close()`` gives back what the client opened (docs/design/behavior.md#close), without waiting
+for the garbage collector.
 
 The soak test (``test_soak.py``) checks the same at scale; this is the quick, focused version.
 """
@@ -52,8 +53,11 @@ def test_close_releases_sockets_after_lost_replies() -> None:
 
 
 def test_close_fails_pending_futures_promptly() -> None:
-    """B47: futures still pending at close() fail with ClientClosedError (NOT_SENT), at once --
-    here while the server holds every poll (paused queues) so nothing could complete."""
+    """Futures still pending at close() fail with ClientClosedError (NOT_SENT), at once --
+    here while the server holds every poll (paused queues) so nothing could complete.
+
+    See docs/design/behavior.md#close.
+    """
     from tinker_sync.exceptions import ClientClosedError, RequestOutcome
 
     with LocalServer(long_poll_s=1.0, api_key=None) as server:

@@ -51,7 +51,8 @@ connection and connections are still kept alive between requests (no ``Connectio
 which would cost a TLS handshake per training call).
 
 Exit: at interpreter exit the sockets of requests still in flight are shut down, so a long poll
-blocked in a non-daemon pool thread fails at once instead of delaying exit; from then on the
+blocked in any thread (the SDK's workers are daemon threads, but a caller's own thread may be
+running a step inline) fails at once instead of delaying exit; from then on the
 long-poll pools (RETRIEVE_PROMISE, RETRIEVE_FUTURES) fail new requests at once, while the other
 pools keep working for final requests made by exit handlers.
 

@@ -231,7 +231,8 @@ LONG_POLL_POOLS = frozenset({Pool.RETRIEVE_PROMISE, Pool.RETRIEVE_FUTURES})
 
 
 def _abort_inflight_at_exit() -> None:
-    # A long poll blocked in a (non-daemon) pool thread must not delay interpreter exit.
+    # A long poll blocked in any thread (a caller's own non-daemon thread may be running a
+    # step inline) must not delay interpreter exit.
     # Only the long-poll pools refuse new requests, so atexit handlers can still finish a
     # session or flush telemetry over the other pools.
     with _registry_lock:

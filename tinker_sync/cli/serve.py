@@ -1,4 +1,4 @@
-"""``tinker-sync serve``: run the local Tinker server until Ctrl-C (SURFACE.md §6).
+"""``tinker-sync serve``: run the local Tinker server until Ctrl-C (docs/design/surface.md#cli).
 
 Usage::
 
