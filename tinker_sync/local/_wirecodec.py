@@ -29,10 +29,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from google.protobuf.message import DecodeError
 
-from tinker_sync._wire import _zstd
-from tinker_sync._wire import tinker_public_pb2 as pb
+from tinker_sync._wire import _pbwire, _zstd
 from tinker_sync.local import _protocodec
 from tinker_sync.local.backends.base import DatumArrays, ForwardResult, SampleResult
 
@@ -155,19 +153,33 @@ def decode_forward_backward(
 
 
 def proto_summary(payload: bytes) -> dict[str, Any]:
-    """``model_id``, ``seq_id``, ``loss_fn``, ``forward_only`` and datum count of a proto body."""
-    msg = pb.ForwardBackwardRequest()
-    try:
-        msg.ParseFromString(payload)
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise WireError(f"malformed protobuf body: {exc}") from None
-    return {
-        "model_id": msg.model_id,
-        "seq_id": int(msg.seq_id),
-        "loss_fn": msg.loss_fn,
-        "forward_only": bool(msg.forward_only),
-        "datums": len(msg.data),
+    """``model_id``, ``seq_id``, ``loss_fn``, ``forward_only`` and datum count of a proto body.
+
+    Reads only the top-level fields of ``ForwardBackwardRequest`` with the project's own wire
+    reader (the last value of a field wins, as in protobuf); the datums are counted, not parsed.
+    """
+    summary: dict[str, Any] = {
+        "model_id": "",
+        "seq_id": 0,
+        "loss_fn": "",
+        "forward_only": False,
+        "datums": 0,
     }
+    try:
+        for number, wire, a, b in _pbwire.fields(payload, 0, len(payload)):
+            if wire == 2 and number == 1:
+                summary["model_id"] = _pbwire.utf8_text(payload, a, b, "model_id")
+            elif wire == 0 and number == 2:
+                summary["seq_id"] = _pbwire.as_int32(a)
+            elif wire == 2 and number == 3:
+                summary["datums"] += 1
+            elif wire == 2 and number == 4:
+                summary["loss_fn"] = _pbwire.utf8_text(payload, a, b, "loss_fn")
+            elif wire == 0 and number == 6:
+                summary["forward_only"] = bool(a)
+    except (ValueError, IndexError) as exc:
+        raise WireError(f"malformed protobuf body: {exc}") from None
+    return summary
 
 
 # ---------------------------------------------------------------------------- JSON decoding
