@@ -12,7 +12,8 @@ import pytest
 
 from tinker_sync._auth import JwtAuth, make_auth
 from tinker_sync._clock import FakeClock
-from tinker_sync._config import ClientConfig, ServerConfig, StaticKeyAuth
+from tinker_sync._config import ClientConfig, ServerConfig
+from tinker_sync._credentials import StaticKeyAuth
 from tinker_sync._transport import Transport
 from tinker_sync.exceptions import APIConnectionError, AuthenticationError, ResponseSnapshot
 

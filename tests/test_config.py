@@ -21,20 +21,22 @@ from tinker_sync._clock import FakeClock
 from tinker_sync._config import (
     DEFAULT_BASE_URL,
     ClientConfig,
-    CredentialAuth,
-    Credentials,
-    CredentialSource,
     DynamicConfig,
-    Secret,
     ServerConfig,
-    StaticKeyAuth,
     Timeout,
-    jwt_claims,
-    jwt_expiry,
     normalize_base_url,
     parse_tags,
     resolve_base_url,
     telemetry_enabled,
+)
+from tinker_sync._credentials import (
+    CredentialAuth,
+    Credentials,
+    CredentialSource,
+    Secret,
+    StaticKeyAuth,
+    jwt_claims,
+    jwt_expiry,
 )
 from tinker_sync._redact import scrub
 from tinker_sync.exceptions import MissingCredentialsError

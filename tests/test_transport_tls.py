@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from tinker_sync._config import ClientConfig, StaticKeyAuth
+from tinker_sync._config import ClientConfig
+from tinker_sync._credentials import StaticKeyAuth
 from tinker_sync._transport import Pool, RequestSpec, Transport
 from tinker_sync.exceptions import APIConnectError, RequestOutcome
 

@@ -206,12 +206,8 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     from tinker_sync import auth as auth
     from tinker_sync import types as types
-    from tinker_sync._config import (
-        RequestOptions as RequestOptions,
-    )
-    from tinker_sync._config import (
-        Timeout as Timeout,
-    )
+    from tinker_sync._config import RequestOptions as RequestOptions
+    from tinker_sync._config import Timeout as Timeout
     from tinker_sync._futures import (
         APIFuture as APIFuture,
     )

@@ -31,11 +31,11 @@ import math
 from collections.abc import Callable
 
 from tinker_sync._clock import SYSTEM_CLOCK, Clock
-from tinker_sync._config import (
+from tinker_sync._config import ServerConfig
+from tinker_sync._credentials import (
     AuthProvider,
     CredentialAuth,
     Credentials,
-    ServerConfig,
     StaticKeyAuth,
     jwt_claims,
     jwt_expiry,
@@ -102,7 +102,7 @@ def _lifetime(token: str) -> float | None:
 
 
 def _expiry(token: str) -> float | None:
-    """``exp`` of a JWT as :func:`~tinker_sync._config.jwt_expiry` reads it, or None."""
+    """``exp`` of a JWT as :func:`~tinker_sync._credentials.jwt_expiry` reads it, or None."""
     try:
         return jwt_expiry(token)
     except ValueError:
@@ -110,7 +110,7 @@ def _expiry(token: str) -> float | None:
 
 
 class JwtAuth:
-    """:class:`~tinker_sync._config.AuthProvider` that sends an exchanged, refreshed JWT.
+    """:class:`~tinker_sync._credentials.AuthProvider` that sends an exchanged, refreshed JWT.
 
     ``exchange()`` returns a fresh JWT (normally a :class:`TokenExchange`); ``clock`` supplies
     wall time (for ``exp``), monotonic time (for the refresh schedule) and jitter.

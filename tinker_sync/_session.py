@@ -37,14 +37,8 @@ from typing import Any, TypeVar
 
 from tinker_sync._auth import make_auth
 from tinker_sync._clock import SYSTEM_CLOCK, Clock, exiting
-from tinker_sync._config import (
-    PROTOCOL_VERSION,
-    ClientConfig,
-    DynamicConfig,
-    ServerConfig,
-    StaticKeyAuth,
-    Timeout,
-)
+from tinker_sync._config import PROTOCOL_VERSION, ClientConfig, DynamicConfig, ServerConfig, Timeout
+from tinker_sync._credentials import StaticKeyAuth
 from tinker_sync._fork import make_lock
 from tinker_sync._health import Health
 from tinker_sync._ratelimit import Limiter, limiter_for

@@ -19,14 +19,8 @@ from __future__ import annotations
 
 import os
 
-from tinker_sync._config import (
-    ClientConfig,
-    Credentials,
-    CredentialSource,
-    ServerConfig,
-    StaticKeyAuth,
-    jwt_expiry,
-)
+from tinker_sync._config import ClientConfig, ServerConfig
+from tinker_sync._credentials import Credentials, CredentialSource, StaticKeyAuth, jwt_expiry
 from tinker_sync.exceptions import TinkerError
 
 __all__ = ["get_tinker_token", "raise_if_tinker_not_accessible", "tinker_has_credentials"]

@@ -32,7 +32,8 @@ from typing import Any, Literal, TypeVar
 
 from tinker_sync._asyncio import awaiting_alias
 from tinker_sync._clock import SYSTEM_CLOCK, Clock
-from tinker_sync._config import ClientConfig, Timeout, jwt_claims
+from tinker_sync._config import ClientConfig, Timeout
+from tinker_sync._credentials import jwt_claims
 from tinker_sync._executor import pool
 from tinker_sync._futures import APIFuture, fail_pending
 from tinker_sync._paths import CheckpointPath, parse_checkpoint_path

@@ -27,7 +27,7 @@ The package is split along the seams of an HTTP client (as httpx and urllib3 are
 * ``_exchange`` -- one HTTP exchange through urllib3's documented ``urlopen``: send, read the
   whole reply, follow redirects; the request's ``(connect, read)`` timeout is applied here.
 * ``_client``   -- :class:`Transport`, the per-client view: config (headers, timeouts), the
-  :class:`~tinker_sync._config.AuthProvider`, hooks and the clock.
+  :class:`~tinker_sync._credentials.AuthProvider`, hooks and the clock.
 * ``_context`` / ``_hooks`` -- the ``x-sdk-method`` context and observation hooks.
 
 urllib3 directly, not requests: per request, requests' Session machinery (settings merges,

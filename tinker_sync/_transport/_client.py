@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tinker_sync._clock import SYSTEM_CLOCK, Clock
-from tinker_sync._config import PROTOCOL_VERSION, AuthProvider, ClientConfig
+from tinker_sync._config import PROTOCOL_VERSION, ClientConfig
+from tinker_sync._credentials import AuthProvider
 from tinker_sync._fork import current_pid, make_lock
 from tinker_sync._redact import redact_headers, scrub
 from tinker_sync._transport import _exchange, _hooks
