@@ -152,6 +152,10 @@ class Timeout:
             )
         raise TypeError(f"timeout must be a number, None or Timeout, not {type(value).__name__}")
 
+    def as_dict(self) -> dict[str, float | None]:
+        """The four parts by name (as ``httpx.Timeout.as_dict``)."""
+        return {"connect": self.connect, "read": self.read, "write": self.write, "pool": self.pool}
+
     def as_tuple(self) -> tuple[float | None, float | None]:
         """``(connect, read)``, the form requests expects."""
         return (self.connect, self.read)

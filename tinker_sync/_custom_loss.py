@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tinker_sync.custom_loss")
 
 LossFn = Callable[[list[Datum], list[Any]], tuple[Any, dict[str, float]]]
+CustomLossFnV1 = LossFn
+"""The official SDK's name for the ``forward_backward_custom`` loss signature."""
 
 
 def _require_torch() -> Any:

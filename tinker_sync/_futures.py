@@ -253,6 +253,41 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
         raise TypeError("APIFuture cannot be pickled; pickle the result instead")
 
 
+class AwaitableConcurrentFuture(APIFuture[T]):
+    """``AwaitableConcurrentFuture(future)``: an ``APIFuture`` that follows another future.
+
+    Usage: ``AwaitableConcurrentFuture(executor.submit(fn)).result()`` or ``await`` it. The
+    wrapper completes (or fails, or is cancelled) when ``future`` does; cancelling the wrapper
+    cancels ``future``. The official SDK's import path is
+    ``tinker.lib.public_interfaces.api_future``.
+
+    Thread-safe, like every ``APIFuture``.
+    """
+
+    def __init__(self, future: concurrent.futures.Future[T]) -> None:
+        self._wrapped = future
+        super().__init__(on_cancel=self._cancel_wrapped, description="wrapped future")
+        future.add_done_callback(self._follow)
+
+    def _cancel_wrapped(self) -> None:
+        self._wrapped.cancel()
+
+    def _follow(self, future: concurrent.futures.Future[T]) -> None:
+        if future.cancelled():
+            super().cancel()
+            return
+        exc = future.exception()
+        if exc is not None:
+            self._fail(exc)
+        else:
+            self._resolve(future.result())
+
+
+BackcompatClientFuture = AwaitableConcurrentFuture
+"""The official SDK's future-of-a-client wrapper (``BackcompatClientFuture(future)``); tinker_sync's
+creation methods return the client itself, so this is only the same wrapper under that name."""
+
+
 def completed(value: T) -> APIFuture[T]:
     """An already-resolved future."""
     fut: APIFuture[T] = APIFuture()

@@ -117,7 +117,7 @@ def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: int
         raise ValueError(f"{attribute.name} must be positive, got {value}")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen
 class RetryConfig:
     """How ``sample()`` retries whole requests (frozen, hashable).
 

@@ -98,6 +98,8 @@ if TYPE_CHECKING:
         ClientSessionFinished,
         ClientSessionFinishErrored,
         ClientSessionFinishInterrupted,
+        ClientSessionFinishReason,
+        ClientSessionFinishReasonType,
         ClientSessionFinishSuccess,
         CurrentCheckpointStorageUsageItem,
         CurrentCheckpointStorageUsageResponse,
@@ -111,6 +113,7 @@ if TYPE_CHECKING:
         SessionActive,
         SessionCancelled,
         SessionFailed,
+        SessionFailedReason,
         SessionFailedRequestReason,
         SessionFailedSamplingSessionReason,
         SessionFailedTrainingRunReason,
@@ -123,6 +126,15 @@ if TYPE_CHECKING:
         StorageBillingEvent,
         TrainingBillingEvent,
         UserSearchOwner,
+    )
+    from tinker_sync.types._customloss import (
+        CreateCustomLossRequest,
+        CreateCustomLossResponse,
+        CustomLossGraph,
+        CustomLossInput,
+        CustomLossInputRank,
+        CustomLossNode,
+        CustomLossNodeOp,
     )
     from tinker_sync.types._protocol import (
         AuthTokenRequest,
@@ -144,6 +156,7 @@ if TYPE_CHECKING:
         FutureFailed,
         FutureFinished,
         FutureRetrieveRequest,
+        FutureRetrieveResponse,
         FuturesRetrieveRequest,
         FuturesRetrieveResponse,
         GenericEvent,
@@ -191,6 +204,7 @@ if TYPE_CHECKING:
         ListSessionsResponse,
         ModelID,
         ParsedCheckpointTinkerPath,
+        RequestID,
         TraceExportResponse,
         TrainingRun,
         TrainingRunsResponse,
@@ -309,12 +323,31 @@ _LAZY: dict[str, str] = {
     "StorageBillingEvent": "_admin",
     "TrainingBillingEvent": "_admin",
     "UserSearchOwner": "_admin",
+    "FutureRetrieveResponse": "_protocol",
+    "RequestID": "_rest",
+    "ClientSessionFinishReason": "_admin",
+    "ClientSessionFinishReasonType": "_admin",
+    "SessionFailedReason": "_admin",
+    "CreateCustomLossRequest": "_customloss",
+    "CreateCustomLossResponse": "_customloss",
+    "CustomLossGraph": "_customloss",
+    "CustomLossInput": "_customloss",
+    "CustomLossInputRank": "_customloss",
+    "CustomLossNode": "_customloss",
+    "CustomLossNodeOp": "_customloss",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        # ``tinker_sync.types.datum`` etc.: the official SDK's per-type module paths load on use
+        if name.islower() and not name.startswith("_"):
+            try:
+                return importlib.import_module(f"tinker_sync.types.{name}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"tinker_sync.types.{name}":
+                    raise
         raise AttributeError(f"module 'tinker_sync.types' has no attribute {name!r}")
     mod = importlib.import_module(f"tinker_sync.types.{module}")
     value = getattr(mod, "TelemetrySendRequest" if name == "TelemetryBatch" else name)
@@ -355,10 +388,14 @@ __all__ = [
     "ClientFinishedSessionStatusQuery",
     "ClientSessionFinishErrored",
     "ClientSessionFinishInterrupted",
+    "ClientSessionFinishReason",
+    "ClientSessionFinishReasonType",
     "ClientSessionFinishSuccess",
     "ClientSessionFinished",
     "CopyWeightsRequest",
     "CopyWeightsResponse",
+    "CreateCustomLossRequest",
+    "CreateCustomLossResponse",
     "CreateModelRequest",
     "CreateModelResponse",
     "CreateSamplingSessionRequest",
@@ -368,6 +405,11 @@ __all__ = [
     "CurrentCheckpointStorageUsageItem",
     "CurrentCheckpointStorageUsageResponse",
     "Cursor",
+    "CustomLossGraph",
+    "CustomLossInput",
+    "CustomLossInputRank",
+    "CustomLossNode",
+    "CustomLossNodeOp",
     "Datum",
     "DimuonOptimizerConfig",
     "DimuonParams",
@@ -385,6 +427,7 @@ __all__ = [
     "FutureFailed",
     "FutureFinished",
     "FutureRetrieveRequest",
+    "FutureRetrieveResponse",
     "FuturesRetrieveRequest",
     "FuturesRetrieveResponse",
     "GenericEvent",
@@ -424,6 +467,7 @@ __all__ = [
     "QueueState",
     "RequestErrorCategory",
     "RequestFailedResponse",
+    "RequestID",
     "SampleRequest",
     "SampleResponse",
     "SampledProvenanceSpan",
@@ -446,6 +490,7 @@ __all__ = [
     "SessionCancelled",
     "SessionEndEvent",
     "SessionFailed",
+    "SessionFailedReason",
     "SessionFailedRequestReason",
     "SessionFailedSamplingSessionReason",
     "SessionFailedTrainingRunReason",

@@ -25,6 +25,8 @@ __all__ = [
     "ClientFinishedSessionStatusQuery",
     "ClientSessionFinishErrored",
     "ClientSessionFinishInterrupted",
+    "ClientSessionFinishReason",
+    "ClientSessionFinishReasonType",
     "ClientSessionFinishSuccess",
     "ClientSessionFinished",
     "CurrentCheckpointStorageUsageItem",
@@ -39,6 +41,7 @@ __all__ = [
     "SessionActive",
     "SessionCancelled",
     "SessionFailed",
+    "SessionFailedReason",
     "SessionFailedRequestReason",
     "SessionFailedSamplingSessionReason",
     "SessionFailedTrainingRunReason",
@@ -54,6 +57,7 @@ __all__ = [
 ]
 
 FinishReasonType: TypeAlias = Literal["success", "errored", "interrupted"]
+ClientSessionFinishReasonType: TypeAlias = FinishReasonType
 
 # -- session search (request side) --------------------------------------------------------------
 
@@ -229,6 +233,12 @@ class SessionFailed(TinkerModel):
     message: str
 
 
+ClientSessionFinishReason: TypeAlias = (
+    ClientSessionFinishSuccess | ClientSessionFinishErrored | ClientSessionFinishInterrupted
+)
+SessionFailedReason: TypeAlias = (
+    SessionFailedRequestReason | SessionFailedTrainingRunReason | SessionFailedSamplingSessionReason
+)
 SessionStatus: TypeAlias = SessionFailed | SessionCancelled | ClientSessionFinished | SessionActive
 
 

@@ -26,6 +26,7 @@ import attrs
 import numpy as np
 
 __all__ = [
+    "FieldInfo",
     "TinkerDataclass",
     "TinkerModel",
     "TinkerRequest",
@@ -44,6 +45,70 @@ DumpMode = Literal["python", "json"]
 _SCALARS = frozenset({int, float, str, bool})
 
 
+class FieldInfo:
+    """What ``Model.model_fields[name]`` describes (the subset of pydantic's ``FieldInfo``).
+
+    Attributes:
+        annotation: the field's type.
+        default: the default value, or ``...`` when the field is required or has a factory.
+        default_factory: the zero-argument factory of the default, or None.
+    """
+
+    __slots__ = ("annotation", "default", "default_factory")
+
+    def __init__(
+        self, annotation: Any, default: Any, default_factory: Callable[[], Any] | None
+    ) -> None:
+        self.annotation = annotation
+        self.default = default
+        self.default_factory = default_factory
+
+    def is_required(self) -> bool:
+        """Whether the constructor needs a value for this field."""
+        return self.default is ... and self.default_factory is None
+
+    def __repr__(self) -> str:
+        default = "required" if self.is_required() else f"default={self.default!r}"
+        return f"FieldInfo(annotation={self.annotation!r}, {default})"
+
+
+_MODEL_FIELDS: dict[type, dict[str, FieldInfo]] = {}
+
+
+def model_fields_of(cls: type) -> dict[str, FieldInfo]:
+    """The ``model_fields`` mapping of a model class (public fields, in declaration order)."""
+    cached = _MODEL_FIELDS.get(cls)
+    if cached is not None:
+        return cached
+    out: dict[str, FieldInfo] = {}
+    if dataclasses.is_dataclass(cls):
+        for f in dataclasses.fields(cls):
+            if f.name.startswith("_"):
+                continue
+            factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
+            default = ... if f.default is dataclasses.MISSING else f.default
+            out[f.name] = FieldInfo(f.type, default, factory)
+    elif attrs.has(cls):
+        for a in attrs.fields(cls):
+            if a.name.startswith("_"):
+                continue
+            if isinstance(a.default, attrs.Factory):  # type: ignore[arg-type]
+                out[a.name] = FieldInfo(a.type, ..., a.default.factory)
+            else:
+                out[a.name] = FieldInfo(
+                    a.type, ... if a.default is attrs.NOTHING else a.default, None
+                )
+    _MODEL_FIELDS[cls] = out
+    return out
+
+
+class _ModelFields:
+    """Descriptor: ``Model.model_fields`` (class or instance access), like pydantic's."""
+
+    def __get__(self, obj: object, owner: type) -> dict[str, FieldInfo]:
+        return model_fields_of(owner)
+
+
 class TinkerModel:
     """Base of every response-side type: pydantic-style conveniences on an attrs class."""
 
@@ -55,6 +120,9 @@ class TinkerModel:
     """Fields sent as JSON ``null`` on the wire when None (the null allowlist)."""
     _tinker_extra_init: ClassVar[frozenset[str]] = frozenset()
     """Constructor keywords that are not fields (e.g. list forms of numpy fields)."""
+
+    model_fields = _ModelFields()
+    """``{name: FieldInfo}`` of the public fields, in order (like pydantic's ``model_fields``)."""
 
     def model_dump(
         self, *, mode: DumpMode = "python", exclude_none: bool = False
@@ -88,6 +156,15 @@ class TinkerModel:
         from tinker_sync._wire._converter import from_json
 
         return from_json(cls, obj)
+
+    @classmethod
+    def model_validate_json(cls: type[_M], json_data: str | bytes) -> _M:
+        """Parse JSON text strictly into an instance (see ``model_validate``)."""
+        try:
+            data = _json.loads(json_data)
+        except ValueError as exc:
+            raise ValueError(f"{cls.__name__}: invalid JSON: {exc}") from None
+        return cls.model_validate(data)
 
     def model_copy(self: _M, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> _M:
         """Return a copy with ``update`` applied (validated like the constructor)."""

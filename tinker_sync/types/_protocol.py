@@ -24,6 +24,14 @@ from tinker_sync.types._params import (
     SamplingClientKind,
     SamplingParams,
 )
+from tinker_sync.types._results import (
+    ForwardBackwardOutput,
+    LoadWeightsResponse,
+    OptimStepResponse,
+    SaveWeightsExternalResponse,
+    SaveWeightsForSamplerResponse,
+    SaveWeightsResponse,
+)
 from tinker_sync.types._tensor import TensorData
 
 __all__ = [
@@ -46,6 +54,7 @@ __all__ = [
     "FutureFailed",
     "FutureFinished",
     "FutureRetrieveRequest",
+    "FutureRetrieveResponse",
     "FuturesRetrieveRequest",
     "FuturesRetrieveResponse",
     "GenericEvent",
@@ -668,3 +677,18 @@ class CopyWeightsRequest(TinkerRequest):
     source_path: str
     ttl_seconds: int | None = None
     weights_access_token: str | None = attrs.field(default=None, repr=False)
+
+
+FutureRetrieveResponse: TypeAlias = (
+    TryAgainResponse
+    | ForwardBackwardOutput
+    | OptimStepResponse
+    | SaveWeightsResponse
+    | LoadWeightsResponse
+    | SaveWeightsForSamplerResponse
+    | SaveWeightsExternalResponse
+    | CreateModelResponse
+    | UnloadModelResponse
+    | RequestFailedResponse
+)
+"""What ``retrieve_future`` can return for one request (the official SDK's union)."""

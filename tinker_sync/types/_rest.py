@@ -22,6 +22,7 @@ __all__ = [
     "ListSessionsResponse",
     "ModelID",
     "ParsedCheckpointTinkerPath",
+    "RequestID",
     "TraceExportResponse",
     "TrainingRun",
     "TrainingRunsResponse",
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 ModelID: TypeAlias = str
+RequestID: TypeAlias = str
 CheckpointType: TypeAlias = Literal["training", "sampler", "external"]
 
 _SEGMENT_TO_TYPE: dict[str, CheckpointType] = {

@@ -164,7 +164,7 @@ def _topk_lps(value: Any) -> npt.NDArray[Any]:
     return _float_array(value, "TopkLogprobs.logprobs", 2)
 
 
-@attrs.frozen(kw_only=True, field_transformer=checked)
+@attrs.frozen(field_transformer=checked)
 class TopkLogprobs(TinkerModel):
     """Top-k tokens per position as two dense ``(length, k)`` matrices.
 
@@ -285,9 +285,9 @@ class SampledSequence(TinkerDataclass):
 
     stop_reason: StopReason
     sequence_id: str | None
-    tokens_np: npt.NDArray[Any] | None
-    logprobs_np: npt.NDArray[Any] | None
-    topk_logprobs_np: TopkLogprobs | None
+    tokens_np: npt.NDArray[Any] | None = None
+    logprobs_np: npt.NDArray[Any] | None = None
+    topk_logprobs_np: TopkLogprobs | None = None
 
     _tinker_extra_init: ClassVar[frozenset[str]] = frozenset(
         {"tokens", "logprobs", "topk_logprobs"}
@@ -423,11 +423,11 @@ class SampleResponse(TinkerDataclass):
     """
 
     sequences: list[SampledSequence]
-    prompt_logprobs_np: npt.NDArray[Any] | None
-    topk_prompt_logprobs_np: TopkLogprobs | None
-    target_prompt_logprobs: TensorData | None
-    prompt_cache_hit_tokens: int
-    prompt_alt_tokens: PromptAltTokens | None
+    prompt_logprobs_np: npt.NDArray[Any] | None = None
+    topk_prompt_logprobs_np: TopkLogprobs | None = None
+    target_prompt_logprobs: TensorData | None = None
+    prompt_cache_hit_tokens: int = 0
+    prompt_alt_tokens: PromptAltTokens | None = None
 
     _tinker_extra_init: ClassVar[frozenset[str]] = frozenset(
         {"prompt_logprobs", "topk_prompt_logprobs"}

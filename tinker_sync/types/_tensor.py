@@ -91,22 +91,23 @@ class TensorData(TinkerModel):
     to share. Fork safety: plain data.
     """
 
-    __slots__ = ("_arr", "_col", "_crow", "_view_shape", "dtype", "shape")
+    __slots__ = ("_arr", "_col", "_crow", "_shape", "_view_shape", "dtype")
 
-    dtype: TensorDtype
-    shape: list[int] | None
-    # Computed from the stored arrays: properties installed after the class (see below).
-    sparse_crow_indices: list[int] | None
-    sparse_col_indices: list[int] | None
-    _numpy: npt.NDArray[Any]
-
-    _tinker_extra_init: ClassVar[frozenset[str]] = frozenset({"data"})
-
-    if TYPE_CHECKING:
+    if TYPE_CHECKING:  # the storage behind the fields (slots, not dataclass fields)
         _arr: npt.NDArray[Any]
+        _shape: list[int] | None
         _crow: npt.NDArray[np.int64] | None
         _col: npt.NDArray[np.int64] | None
         _view_shape: tuple[int, ...]
+
+    dtype: TensorDtype
+    # Read from the stored arrays: properties installed after the class (see below).
+    shape: list[int] | None = None
+    sparse_crow_indices: list[int] | None = None
+    sparse_col_indices: list[int] | None = None
+    _numpy: npt.NDArray[Any] = None  # type: ignore[assignment]
+
+    _tinker_extra_init: ClassVar[frozenset[str]] = frozenset({"data"})
 
     def __init__(
         self,
@@ -205,7 +206,7 @@ class TensorData(TinkerModel):
 
         set_ = object.__setattr__
         set_(self, "dtype", dtype)
-        set_(self, "shape", shape_list)
+        set_(self, "_shape", shape_list)
         set_(self, "_arr", flat)
         set_(self, "_crow", crow)
         set_(self, "_col", col)
@@ -381,6 +382,11 @@ class TensorData(TinkerModel):
         return out
 
 
+def _shape_list(self: TensorData) -> list[int] | None:
+    """The dense shape (required for CSR), or None when built without one."""
+    return self._shape
+
+
 def _crow_list(self: TensorData) -> list[int] | None:
     """CSR row pointers (``rows + 1`` entries) or None for a dense tensor."""
     return None if self._crow is None else self._crow.tolist()
@@ -401,6 +407,7 @@ def _numpy_values(self: TensorData) -> npt.NDArray[Any]:
 
 # Dataclass fields whose values are computed from the stored arrays (so that
 # ``dataclasses.fields`` lists the official field names and ``dataclasses.replace`` works).
+setattr(TensorData, "shape", property(_shape_list))  # noqa: B010
 setattr(TensorData, "sparse_crow_indices", property(_crow_list))  # noqa: B010
 setattr(TensorData, "sparse_col_indices", property(_col_list))  # noqa: B010
 setattr(TensorData, "_numpy", property(_numpy_values))  # noqa: B010
