@@ -11,14 +11,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _oracle import require
 
 from tinker_sync import types
 from tinker_sync._wire._chunking import estimate_datum_bytes
 from tinker_sync._wire._estimates import estimate_prompt_bytes
 
-tinker = pytest.importorskip("tinker")
-holder = pytest.importorskip("tinker.lib.internal_client_holder")
-official_training = pytest.importorskip("tinker.lib.public_interfaces.training_client")
+tinker = require("tinker")
+holder = require("tinker.lib.internal_client_holder")
+official_training = require("tinker.lib.public_interfaces.training_client")
 
 _DMEL = bytes([254, 0, 2, 3, 4]) + b"payload"  # marker, dtype 0, ndim 2, dims (3, 4)
 

@@ -21,10 +21,11 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
+from _oracle import require
 
-O = pytest.importorskip("tinker.types")  # noqa: E741
-tinker = pytest.importorskip("tinker")
-pydantic = pytest.importorskip("pydantic")
+O = require("tinker.types")  # noqa: E741
+tinker = require("tinker")
+pydantic = require("pydantic")
 
 from tinker.types._pydantic_types.tensor_data import TensorData as OfficialTensorModel  # noqa: E402
 from tinker.types.futures_retrieve_request import (  # noqa: E402

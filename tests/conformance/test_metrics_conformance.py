@@ -11,14 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _oracle import require
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinker_sync._wire._metrics import combine_forward_backward_outputs, reduce_metrics
 from tinker_sync.types import ForwardBackwardOutput, TensorData
 
-tinker = pytest.importorskip("tinker")
-official_helpers = pytest.importorskip("tinker.lib.chunked_fwdbwd_helpers")
+tinker = require("tinker")
+official_helpers = require("tinker.lib.chunked_fwdbwd_helpers")
 
 Chunks = list[tuple[dict[str, float], int]]
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _oracle import require
 
-tinker = pytest.importorskip("tinker")
+tinker = require("tinker")
 from tinker import types as T  # noqa: E402
 
 from tinker_sync.local.server import LocalServer  # noqa: E402

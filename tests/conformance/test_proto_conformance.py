@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _oracle import require
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,10 +25,10 @@ from tinker_sync._wire import _proto
 from tinker_sync.local import _protocodec as server_codec
 from tinker_sync.local.backends.base import SampledSeq, SampleResult
 
-tinker = pytest.importorskip("tinker")
-opb = pytest.importorskip("tinker.proto.tinker_public_pb2")
-request_conv = pytest.importorskip("tinker.proto.request_conv")
-response_conv = pytest.importorskip("tinker.proto.response_conv")
+tinker = require("tinker")
+opb = require("tinker.proto.tinker_public_pb2")
+request_conv = require("tinker.proto.request_conv")
+response_conv = require("tinker.proto.response_conv")
 ot = tinker.types
 
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
