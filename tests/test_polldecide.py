@@ -8,8 +8,10 @@ import pytest
 
 from tinker_sync._polldecide import Action, PollCounters, decide_reply, decide_transport_error
 from tinker_sync.exceptions import (
+    APIConnectError,
     APIConnectionError,
     APIResponseValidationError,
+    APITimeoutError,
     FutureExpiredError,
     FuturePollError,
     RequestErrorCategory,
@@ -122,14 +124,34 @@ def test_5xx_backoff_is_jittered_from_100ms_capped_at_5s_and_reset_by_other_repl
     assert reply(500, {"detail": "x"}, counters=c, jitter=1.0).delay == pytest.approx(0.1)
 
 
-def test_429_and_connection_errors_share_one_exponential_counter():
+def test_429_and_failed_connects_share_one_exponential_counter():
     c = PollCounters()
     delays = [reply(429, {"detail": "x"}, counters=c).delay for _ in range(3)]
-    delays.append(decide_transport_error(APIConnectionError("reset"), c).delay)
+    delays.append(decide_transport_error(APIConnectError("refused"), c).delay)
     delays += [reply(429, {"detail": "x"}, counters=c).delay for _ in range(3)]
     assert delays == [1, 2, 4, 8, 16, 30, 30]
     reply(503, {"detail": "x"}, counters=c)  # any non-429 answer resets the counter
     assert reply(429, {"detail": "x"}, counters=c).delay == 1
+
+
+def test_a_lost_reply_repolls_after_a_short_jittered_backoff_capped_at_2s():
+    """A reset, a reply cut short or a read timeout: the server was reachable, a poll is safe
+    to repeat, so no 2^n wait (which made one lost reply cost seconds under packet loss)."""
+    c = PollCounters()
+    for exc in (APIConnectionError("reset"), APITimeoutError("read timed out")):
+        c = PollCounters()
+        low = [decide_transport_error(exc, c, jitter=0.0) for _ in range(7)]
+        assert [d.delay for d in low] == pytest.approx([0.075, 0.15, 0.3, 0.6, 1.2, 1.5, 1.5])
+        assert all(d.action is Action.RETRY and d.exc is exc for d in low)
+    high = decide_transport_error(APIConnectionError("reset"), PollCounters(), jitter=1.0)
+    assert high.delay == pytest.approx(0.1)
+    reply(200, {"type": "try_again"}, counters=c, elapsed=2.0)  # any answer resets m
+    assert decide_transport_error(APIConnectionError("x"), c, jitter=1.0).delay == 0.1
+    # failed connects back off 2^n, and do not count as lost replies
+    assert decide_transport_error(APIConnectError("refused"), c).delay == 1
+    assert decide_transport_error(APIConnectError("refused"), c).delay == 2
+    assert decide_transport_error(APIConnectionError("x"), c, jitter=1.0).delay == 0.1
+    assert c.last_error is not None
 
 
 def test_410_is_future_expired():

@@ -146,7 +146,8 @@ def until(predicate: Callable[[], bool], timeout: float = HANG) -> None:
 
 
 def test_idle_long_poll_then_ack_with_timeout_zero(make_rig):
-    """T-C7: no thread while idle; long poll without timeout; ack-only poll with 0.0; idle."""
+    """T-C7: no thread while idle; long poll with the hold the server advertised (its 2 s,
+    under the client's 5 s); ack-only poll with 0.0; idle."""
     rig = make_rig()
     poller = rig.poller()
     assert poller.polls == 0 and not poller.parked.is_set()
@@ -163,7 +164,7 @@ def test_idle_long_poll_then_ack_with_timeout_zero(make_rig):
     polls = rig.polls(at_least=poller.polls)
     assert len(polls) == poller.polls  # idle: nothing after the last ack
     first, *acks = polls
-    assert "timeout" not in first and first["prev_cursor"] == 0
+    assert first["timeout"] == 2.0 and first["prev_cursor"] == 0
     assert first["retrieved_request_ids"] == []
     assert first["target"] == {
         "type": "sampling_session",
@@ -174,7 +175,7 @@ def test_idle_long_poll_then_ack_with_timeout_zero(make_rig):
     assert acks[-1]["prev_cursor"] == 1
     assert sum(a["retrieved_request_ids"].count(rid) for a in acks) == 1
     long_polls = rig.srv.requests.filter("retrieve_futures")
-    assert long_polls[0].headers["x-stainless-read-timeout"] == "45"
+    assert long_polls[0].headers["x-stainless-read-timeout"] == "4"  # the hold + 2 s
     assert all(r.headers["x-stainless-read-timeout"] == "5" for r in long_polls[1:])
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinker_sync.exceptions import (
+    APIConnectError,
     APIConnectionError,
     APIResponseValidationError,
     FutureExpiredError,
@@ -52,7 +53,8 @@ class Action(enum.Enum):
 @dataclass
 class PollCounters:
     iteration: int = 0
-    backoff_n: int = 0  # consecutive 429 / connection errors
+    backoff_n: int = 0  # consecutive 429 / failed connects
+    lost_replies: int = 0  # consecutive polls whose reply was lost (reset, cut, read timeout)
     server_errors: int = 0  # consecutive 5xx
     bad_400: int = 0
     fast_answers: int = 0  # consecutive try_again answers faster than 1 s
@@ -89,9 +91,23 @@ def _backoff(counters: PollCounters, reason: str, exc: BaseException | None) -> 
     return Decision(Action.RETRY, delay, reason, exc)
 
 
-def decide_transport_error(exc: BaseException, counters: PollCounters) -> Decision:
-    """A poll that got no HTTP answer (connection error, read timeout): back off 2^n s."""
-    return _backoff(counters, "connection error while polling", exc)
+def decide_transport_error(
+    exc: BaseException, counters: PollCounters, *, jitter: float = 1.0
+) -> Decision:
+    """A poll that got no HTTP answer. ``jitter`` is a uniform draw in [0, 1).
+
+    No connection (refused, connect timeout: the server may be down): back off ``2^n`` s, as
+    for 429. A reply lost on an open connection (reset, cut short, read timeout): the server
+    was reachable a moment ago and a poll is safe to repeat, so poll again after
+    ``min(0.1 * 2^m, 2) * U[0.75, 1]`` s (m-th lost reply in a row).
+    """
+    if isinstance(exc, APIConnectError):
+        counters.lost_replies = 0
+        return _backoff(counters, "connection error while polling", exc)
+    delay = min(0.1 * 2 ** min(counters.lost_replies, _MAX_EXP), 2.0) * (0.75 + 0.25 * jitter)
+    counters.lost_replies += 1
+    counters.last_error = exc
+    return Decision(Action.RETRY, delay, "reply lost while polling", exc)
 
 
 def decide_reply(
@@ -107,6 +123,7 @@ def decide_reply(
     billing_window_s: float = 3600.0,
 ) -> Decision:
     """Map one HTTP answer to the next step. ``jitter`` is a uniform draw in [0, 1)."""
+    counters.lost_replies = 0
     if status != 429:
         counters.backoff_n = 0
     if not 500 <= status < 600:

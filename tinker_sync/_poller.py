@@ -12,7 +12,9 @@ Usage (inside ``SamplingClient``)::
 
 When server ``sample_use_retrieve_futures`` is on, one lazy daemon thread per (sampling session,
 cloned sampler) long-polls ``POST /api/v1/retrieve_futures`` with ``prev_cursor`` and no
-``timeout`` (45 s HTTP read timeout). With no waiter left it sends an ack-only poll
+``timeout`` (45 s HTTP read timeout), or, when the server honours requested holds
+(:mod:`tinker_sync._pollhold`), with ``"timeout": <hold>`` and a read timeout a little
+longer than that hold. With no waiter left it sends an ack-only poll
 (``"timeout": 0.0``, 5 s). It idles while nothing waits and nothing is to be acknowledged, and
 its thread exits after 30 s idle (restarted on demand). Sorted ``retrieved_request_ids`` go out
 on the next poll and are dropped once a poll carrying them succeeded. Errors: 402 inside the
@@ -56,7 +58,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tinker_sync.poller")
 
-LONG_POLL_TIMEOUT = Timeout(45.0, connect=5.0)
 ACK_POLL_TIMEOUT = Timeout(5.0, connect=5.0)
 CANCEL_TIMEOUT = Timeout(30.0, connect=5.0)
 MAX_BAD_REQUEST_RETRIES = 3
@@ -245,20 +246,25 @@ class SessionFuturesPoller:
                 "prev_cursor": prev,
                 "retrieved_request_ids": sent,
             }
+            hold = self.session.poll_hold
+            plan = hold.plan(1)
             if ack_only:
                 body["timeout"] = 0.0
+            elif plan.hold_s is not None:
+                body["timeout"] = plan.hold_s
             spec = RequestSpec(
                 method="POST",
                 path="/api/v1/retrieve_futures",
                 pool=Pool.RETRIEVE_FUTURES,
                 json=body,
-                timeout=ACK_POLL_TIMEOUT if ack_only else LONG_POLL_TIMEOUT,
+                timeout=ACK_POLL_TIMEOUT if ack_only else plan.timeout,
                 max_retries=0,
                 sdk_method=None,
             )
             try:
                 self.polls += 1
                 reply = self.session.transport.send_once(spec)
+                hold.learn(reply.headers)
                 if reply.status >= 400:
                     raise error_from_reply(reply)
                 completions, cursor = _parse(reply.json())

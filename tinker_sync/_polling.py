@@ -6,9 +6,11 @@ Usage::
                 on_done=settle, created_at=t0)
     pool("train-poll").submit(poll.run)
 
-Each iteration sends ``{"request_id", "allow_metadata_only"}`` with a 45 s read timeout and no
-HTTP retries (this loop owns them), the ``X-Tinker-Request-*`` headers and, for Sample /
-ForwardBackward / Forward, ``Accept: application/x-protobuf`` (B20). What happens next comes
+Each iteration sends ``{"request_id", "allow_metadata_only"}`` with no HTTP retries (this loop
+owns them), the ``X-Tinker-Request-*`` headers and, for Sample / ForwardBackward / Forward,
+``Accept: application/x-protobuf`` (B20). The server-side hold and the read timeout come from
+the session's :class:`~tinker_sync._pollhold.PollHold` (a few seconds when the server honours
+a requested hold, else the server's own hold with a 45 s read timeout). What happens next comes
 from :func:`tinker_sync._polldecide.decide_reply` (B21, B22). The loop is bounded by time
 (``poll_timeout``), never by an iteration count (B23), and it is iterative.
 
@@ -36,10 +38,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tinker_sync._clock import exiting
-from tinker_sync._config import Timeout
 from tinker_sync._health import StallWatch
 from tinker_sync._polldecide import Action, Decision, PollCounters, decide_reply
 from tinker_sync._polldecide import decide_transport_error as _transport_error
+from tinker_sync._pollhold import PollPlan
 from tinker_sync._ratelimit import Stopped
 from tinker_sync._session import Session
 from tinker_sync._transport import Pool, RequestSpec, emit_hook
@@ -52,7 +54,6 @@ from tinker_sync.exceptions import (
 T = TypeVar("T")
 log = logging.getLogger("tinker_sync.polling")
 
-POLL_TIMEOUT = Timeout(45.0, connect=5.0)
 PROTO_KINDS = frozenset({"Sample", "ForwardBackward", "Forward"})
 
 #: ``on_done(value, error)``: exactly one of them is set; called once, outside every lock.
@@ -100,11 +101,12 @@ class Poll:
         self._reserved = 0
         self._last_state: tuple[str, str | None] = ("active", None)
 
-    def _spec(self) -> RequestSpec:
+    def _spec(self, plan: PollPlan) -> RequestSpec:
         iteration = self.counters.iteration
         headers = {
             "X-Tinker-Request-Iteration": str(iteration),
             "X-Tinker-Request-Type": self.request_type,
+            **plan.headers,
         }
         if iteration == 0:
             roundtrip = max(0.0, self.session.clock.monotonic() - self.created_at)
@@ -114,7 +116,7 @@ class Poll:
             path="/api/v1/retrieve_future",
             pool=Pool.RETRIEVE_PROMISE,
             json={"request_id": self.request_id, "allow_metadata_only": self.allow_metadata_only},
-            timeout=POLL_TIMEOUT,
+            timeout=plan.timeout,
             headers=headers,
             expect="proto" if self.request_type in PROTO_KINDS else "json",
             max_retries=0,
@@ -192,6 +194,7 @@ class Poll:
         clock = self.session.clock
         deadline = None if self.poll_timeout is None else clock.monotonic() + self.poll_timeout
         transport = self.session.transport
+        hold = self.session.poll_hold
         billing_window = float(self.session.server.billing_exception_max_pause_duration_sec)
         while True:
             if self.is_cancelled():
@@ -204,11 +207,13 @@ class Poll:
             started = clock.monotonic()
             status: int | None = None
             try:
-                reply = transport.send_once(self._spec())
+                with hold.polling() as plan:
+                    reply = transport.send_once(self._spec(plan))
             except APIConnectionError as exc:
-                decision = _transport_error(exc, self.counters)
+                decision = _transport_error(exc, self.counters, jitter=clock.random())
                 self.progress.last_status = type(exc).__name__
             else:
+                hold.learn(reply.headers)
                 status = reply.status
                 self.progress.last_status = f"HTTP {status}"
                 decision = decide_reply(

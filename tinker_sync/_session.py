@@ -41,6 +41,7 @@ from tinker_sync._config import PROTOCOL_VERSION, ClientConfig, DynamicConfig, S
 from tinker_sync._credentials import StaticKeyAuth
 from tinker_sync._fork import make_lock
 from tinker_sync._health import Health
+from tinker_sync._pollhold import PollHold
 from tinker_sync._ratelimit import Limiter, limiter_for
 from tinker_sync._retry import BillingPause, send_with_retries, submission_loop
 from tinker_sync._telemetry import Telemetry
@@ -94,6 +95,8 @@ class Session:
         self.billing = BillingPause()
         #: Reachability, the "cannot reach" warning and the progress of pending requests.
         self.health = Health(config.normalized_base_url, clock)
+        #: How long the server holds long polls (learned from its replies).
+        self.poll_hold = PollHold(config.timeout.connect)
         self.telemetry: Telemetry | None = None
         self._transport: Transport | None = None
         self._limiter: Limiter | None = None
@@ -237,6 +240,7 @@ class Session:
             ),
         )
         self.server = ServerConfig.from_dict(_json_object(reply))
+        self.poll_hold.learn(reply.headers)
         self.billing = BillingPause(float(self.server.billing_exception_max_pause_duration_sec))
         auth = make_auth(self.config.credentials, self.server, raw, clock=self.clock)
         transport = raw.with_auth(auth)

@@ -40,6 +40,7 @@ from typing import Any, Literal, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
+from tinker_sync._pollhold import ADVERT_HEADER, HOLD_HEADER
 from tinker_sync._redact import register_secret, scrub
 from tinker_sync.local import _wirecodec as codec
 from tinker_sync.local._age import age_recipients, encrypt_files
@@ -181,7 +182,9 @@ class TinkerApp:
         :param dynamic_config: overrides of ``/client/dynamic_config`` (see
             :data:`DEFAULT_DYNAMIC_CONFIG`).
         :param long_poll_s: how long ``retrieve_future`` / ``retrieve_futures`` hold a poll
-            before answering try_again / an empty batch (keep below the client's 45 s).
+            before answering try_again / an empty batch (keep below the client's 45 s); a
+            client may ask for less (``X-Tinker-Poll-Hold``, advertised on ``client/config``
+            and poll replies as ``X-Tinker-Poll-Hold-Max``).
         :param work_delay_s: simulated processing time added to every future.
         :param heartbeat_expiry_s: end sessions without a heartbeat for this long (their
             heartbeats then get 410); ``None`` never expires sessions.
@@ -915,7 +918,8 @@ class TinkerApp:
             config = {k: v for k, v in config.items() if k not in defaults or v != defaults[k]}
             config["use_pyqwest_transport"] = False
             config["create_model_via_load_weights"] = False
-        return HttpResponse.json(config)
+            return HttpResponse.json(config)
+        return HttpResponse.json(config, headers=self._advert())
 
     async def _h_dynamic_config(self, request: HttpRequest) -> HttpResponse:
         if self.protocol == "legacy":
@@ -1855,18 +1859,39 @@ class TinkerApp:
             body["queue_state_reason"] = reason
         return HttpResponse.json(body)
 
-    async def _hold_poll(self, rec: FutureRecord) -> HttpResponse | None:
+    def _poll_hold(self, request: HttpRequest) -> float:
+        """How long to hold this poll: ``long_poll_s``, or less if the client asked for less
+        with ``X-Tinker-Poll-Hold`` (advertised on poll replies with ``X-Tinker-Poll-Hold-Max``)."""
+        raw = request.headers.get(HOLD_HEADER.lower())
+        if raw is None:
+            return self.long_poll_s
+        try:
+            asked = float(raw)
+        except ValueError:
+            raise HttpError(400, f"{HOLD_HEADER}: expected seconds, got {raw!r}") from None
+        if not asked >= 0.0:  # also NaN
+            raise HttpError(400, f"{HOLD_HEADER}: expected seconds >= 0, got {raw!r}")
+        return min(self.long_poll_s, asked)
+
+    def _advert(self) -> dict[str, str]:
+        """The header telling clients which poll hold they may ask for (the current protocol
+        only: an older server knows nothing of requested holds)."""
+        if self.protocol == "legacy":
+            return {}
+        return {ADVERT_HEADER: f"{self.long_poll_s:g}"}
+
+    async def _hold_poll(self, rec: FutureRecord, hold_s: float) -> HttpResponse | None:
         """Long-poll a pending future: None once it is done, else a try_again answer.
 
-        Held up to ``long_poll_s``; while its queue is paused, up to ``min(long_poll_s, 1 s)``
-        and answered with the paused state (so the client learns it promptly).
+        Held up to ``hold_s``; while its queue is paused, up to ``min(hold_s, 1 s)`` and
+        answered with the paused state (so the client learns it promptly).
         """
         loop = asyncio.get_running_loop()
         start = loop.time()
         kind = self._pause_kind(rec.kind)
         while not rec.done and not self._closed:
             pause = self._paused[kind]
-            limit = self.long_poll_s if pause is None else min(self.long_poll_s, _PAUSED_POLL_S)
+            limit = hold_s if pause is None else min(hold_s, _PAUSED_POLL_S)
             remaining = start + limit - loop.time()
             if remaining <= 0:
                 state, reason = pause or ("active", None)
@@ -1877,6 +1902,13 @@ class TinkerApp:
         return None
 
     async def _h_retrieve_future(self, request: HttpRequest) -> HttpResponse:
+        answer = await self._retrieve_future(request)
+        if answer.status < 400:
+            answer.headers.update(self._advert())
+        return answer
+
+    async def _retrieve_future(self, request: HttpRequest) -> HttpResponse:
+        hold_s = self._poll_hold(request)
         b = json_body(request)
         request_id = b.str_("request_id")
         allow_metadata = b.bool_("allow_metadata_only", False)
@@ -1894,7 +1926,7 @@ class TinkerApp:
                 rec.force_fail(message, fault.fail, now=self._clock())
                 return HttpResponse.json({"error": rec.error, "category": rec.category})
         if not rec.done:
-            answer = await self._hold_poll(rec)
+            answer = await self._hold_poll(rec, hold_s)
             if answer is not None:
                 return answer
         if rec.state == "failed":
@@ -1959,7 +1991,9 @@ class TinkerApp:
             except asyncio.TimeoutError:
                 pass
         cursor = max(prev, ch.last_cursor) if completions else prev
-        return HttpResponse.json({"completions": completions, "cursor": cursor})
+        return HttpResponse.json(
+            {"completions": completions, "cursor": cursor}, headers=self._advert()
+        )
 
     async def _h_cancel_future(self, request: HttpRequest) -> HttpResponse:
         b = json_body(request)
