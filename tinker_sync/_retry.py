@@ -31,6 +31,7 @@ import email.utils
 import errno
 import http.client
 import logging
+import math
 import socket
 import ssl
 from collections.abc import Callable, Mapping, Sequence
@@ -355,10 +356,15 @@ def send_with_retries(
             reply = transport.send_once(spec, attempt=k)
         except Exception as exc:
             now = clock.monotonic()
-            # No answer at all: retries stay within ``timeout`` seconds of the first attempt,
-            # the last one timed to end (if as long as this one) at that deadline, so an
-            # unreachable server fails within ``timeout`` yet a shorter outage is ridden out.
-            room = start + window - now - (now - attempt_start)
+            # No connection at all: retries stay within ``timeout`` seconds of the first
+            # attempt, the last one timed to end (if as long as this one) at that deadline, so
+            # an unreachable server fails within ``timeout`` yet a shorter outage is ridden
+            # out. A reply lost on an open connection (reset, cut short, read timeout) says
+            # the server was reachable: on a lossy network that is retried up to max_retries.
+            if isinstance(exc, APIConnectError):
+                room = start + window - now - (now - attempt_start)
+            else:
+                room = math.inf
             delay = min(http_backoff(k, clock.random), room)
             if k >= max_retries or room <= 0 or not classify(exc).retryable:
                 final = _with_context(exc, transport, spec, k + 1, now - start)

@@ -153,6 +153,34 @@ def test_a_held_poll_is_given_up_after_its_hold_plus_a_margin() -> None:
         assert proxy.counts() == {"hold": 1}
 
 
+@pytest.mark.parametrize("kind", [Fault.HOLD, Fault.RESET_AFTER, Fault.CUT_BODY])
+def test_one_lost_reply_does_not_fail_a_call_whose_read_timeout_is_the_retry_window(
+    kind: Fault,
+) -> None:
+    """The server got ``create_model`` and answered; the reply was lost. With ``timeout=1``
+    the retry window (1 s) is no longer than the lost attempt, yet the call is repeated (the
+    window bounds a server that cannot be reached, not one whose reply got lost) and the
+    server made one model."""
+    with (
+        LocalServer(api_key=KEY) as server,
+        TcpFaultProxy(server.url, hold_max_s=HANG) as proxy,
+    ):
+        service = tinker_sync.ServiceClient(
+            base_url=proxy.url, api_key=KEY, timeout=tinker_sync.Timeout(1.0, connect=1.0)
+        )
+        try:
+            proxy.script = only_first(kind, "/api/v1/create_model")
+            training = service.create_lora_training_client(BASE, rank=4)
+            assert isinstance(
+                training.optim_step(types.AdamParams()).result(HANG), types.OptimStepResponse
+            )
+        finally:
+            service.close()
+        assert proxy.counts() == {kind.value: 1}
+        assert server.requests.count("create_model") == 2
+        assert list(server.state()["models"]) == [training.model_id]
+
+
 def run_lossy(
     rates: FaultRates,
     *,
