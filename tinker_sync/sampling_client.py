@@ -79,6 +79,7 @@ from tinker_sync._transport import (
     emit_hook,
     sdk_method_scope,
 )
+from tinker_sync._validate import check_sampling_params
 
 # Imported here, not lazily on worker threads: a fork during a first import on another
 # thread would leave that module's import lock held forever in the child.
@@ -562,6 +563,7 @@ class SamplingClient:
             raise TypeError(
                 f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}"
             )
+        check_sampling_params(sampling_params)
         _check_int("num_samples", num_samples, minimum=1)
         _check_int("topk_prompt_logprobs", topk_prompt_logprobs, minimum=0)
         _check_int("topk_sample_logprobs", topk_sample_logprobs, minimum=0)

@@ -40,6 +40,7 @@ from tinker_sync._queuestate import QueueStateReporter
 from tinker_sync._sequencer import Sequencer
 from tinker_sync._telemetry import captures_exceptions
 from tinker_sync._transport import Pool, RequestSpec, current_sdk_method, sdk_method_scope
+from tinker_sync._validate import check_loss_inputs
 
 # Imported here, not lazily on worker threads (a fork during a first import on another
 # thread would leave the module's import lock held in the child).
@@ -321,6 +322,7 @@ class TrainingClient:
             )
             for a, b in ranges
         ]
+        check_loss_inputs(data, loss_fn)  # after encoding: its errors are about the data's form
         estimates = [sum(estimate_datum_bytes(d) for d in data[a:b]) for a, b in ranges]
         return bodies, estimates
 

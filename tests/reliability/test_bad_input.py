@@ -80,6 +80,23 @@ def image_pointer_datum() -> types.Datum:
     )
 
 
+def short_targets_datum() -> types.Datum:
+    """Four input tokens, three targets: the server would reject it after a round trip."""
+    tokens = np.arange(5, dtype=np.int64)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:4]),
+        loss_fn_inputs={"target_tokens": tokens[1:4], "weights": np.ones(3, np.float32)},
+    )
+
+
+def short_weights_datum() -> types.Datum:
+    tokens = np.arange(5, dtype=np.int64)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:4]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": np.ones(3, np.float32)},
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Row:
     id: str
@@ -271,6 +288,30 @@ ROWS = [
         "data",
     ),
     Row(
+        "forward_backward.targets-shorter-than-model_input",
+        lambda c: c.training.forward_backward([short_targets_datum()], "cross_entropy"),
+        ValueError,
+        "data[0].loss_fn_inputs['target_tokens']",
+    ),
+    Row(
+        "forward_backward.weights-length",
+        lambda c: c.training.forward_backward([short_weights_datum()], "cross_entropy"),
+        ValueError,
+        "data[0].loss_fn_inputs['weights']",
+    ),
+    Row(
+        "forward_backward.missing-advantages",
+        lambda c: c.training.forward_backward([datum(1)], "importance_sampling"),
+        ValueError,
+        "'logprobs'",
+    ),
+    Row(
+        "forward.targets-shorter-than-model_input",
+        lambda c: c.training.forward([short_targets_datum()], "cross_entropy"),
+        ValueError,
+        "model_input",
+    ),
+    Row(
         "forward_backward.image_asset_pointer",
         lambda c: c.training.forward_backward([image_pointer_datum()], "cross_entropy"),
         ValueError,
@@ -296,6 +337,18 @@ ROWS = [
     # ---------------------------------------------------------------- SamplingClient
     Row("sample.prompt-type", lambda c: c.sampler.sample("hello", 1, SP), TypeError, "prompt"),
     Row("sample.num_samples-zero", lambda c: c.sampler.sample(P, 0, SP), ValueError, "num_samples"),
+    Row(
+        "sample.temperature-negative",
+        lambda c: c.sampler.sample(P, 1, types.SamplingParams(max_tokens=3, temperature=-0.5)),
+        ValueError,
+        "sampling_params.temperature",
+    ),
+    Row(
+        "sample.max_tokens-zero",
+        lambda c: c.sampler.sample(P, 1, types.SamplingParams(max_tokens=0)),
+        ValueError,
+        "sampling_params.max_tokens",
+    ),
     Row(
         "sample.sampling_params-type",
         lambda c: c.sampler.sample(P, 1, {"max_tokens": 3}),

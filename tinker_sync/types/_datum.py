@@ -55,6 +55,28 @@ def validate_loss_fn(name: Any) -> LossFnType:
     return name
 
 
+_RL_INPUTS = ("target_tokens", "logprobs", "advantages")
+_LOSS_FN_REQUIRED_INPUTS: Mapping[str, tuple[str, ...]] = {
+    "cross_entropy": ("target_tokens",),
+    "importance_sampling": _RL_INPUTS,
+    "ppo": _RL_INPUTS,
+    "cispo": _RL_INPUTS,
+    "dro": _RL_INPUTS,
+    "gspo": _RL_INPUTS,
+    "stable_reinforce": _RL_INPUTS,
+}
+"""The ``loss_fn_inputs`` each built-in loss needs (client-side checks and the local server)."""
+_PER_TOKEN_INPUTS = (
+    "weights",
+    "logprobs",
+    "advantages",
+    "clip_low_threshold",
+    "clip_high_threshold",
+    "sequence_ratio_mask",
+)
+"""Inputs that, when present, have the shape of ``target_tokens`` (one row per input token)."""
+
+
 LOSS_FN_INPUT_DTYPES: Mapping[str, TensorDtype] = {
     "target_tokens": "int64",
     "weights": "float32",

@@ -23,22 +23,14 @@ import numpy.typing as npt
 
 from tinker_sync.local.backends._common import LOSS_FN_NAMES
 from tinker_sync.local.backends.base import DatumArrays, UserError
+from tinker_sync.types._datum import _LOSS_FN_REQUIRED_INPUTS, _PER_TOKEN_INPUTS
 
 F64 = npt.NDArray[np.float64]
 
 #: Inputs every RL-style loss needs besides ``target_tokens``.
 _RL_REQUIRED = ("logprobs", "advantages")
-_REQUIRED: dict[str, tuple[str, ...]] = {
-    "cross_entropy": ("target_tokens",),
-    "importance_sampling": ("target_tokens", *_RL_REQUIRED),
-    "ppo": ("target_tokens", *_RL_REQUIRED),
-    "cispo": ("target_tokens", *_RL_REQUIRED),
-    "dro": ("target_tokens", *_RL_REQUIRED),
-    "gspo": ("target_tokens", *_RL_REQUIRED),
-    "stable_reinforce": ("target_tokens", *_RL_REQUIRED),
-}
 #: Optional float inputs that must match the shape of ``target_tokens`` when present.
-_OPTIONAL_FLOATS = ("weights", "clip_low_threshold", "clip_high_threshold", "sequence_ratio_mask")
+_OPTIONAL_FLOATS = tuple(k for k in _PER_TOKEN_INPUTS if k not in _RL_REQUIRED)
 
 DEFAULT_CLIP_LOW = 0.8
 DEFAULT_CLIP_HIGH = 1.2
@@ -83,7 +75,7 @@ def prepare_inputs(
     ``vocab_size`` bounds target ids (None accepts any non-negative id).
     """
     inputs = datum.inputs
-    for key in _REQUIRED.get(loss_fn, ("target_tokens",)):
+    for key in _LOSS_FN_REQUIRED_INPUTS.get(loss_fn, ("target_tokens",)):
         if key not in inputs:
             raise UserError(f"loss_fn {loss_fn!r} requires loss_fn_inputs[{key!r}]")
     raw_targets = np.asarray(inputs["target_tokens"])

@@ -1,0 +1,73 @@
+"""Client-side checks of call arguments the server would reject: fail before anything is sent.
+
+Usage (inside the clients)::
+
+    check_sampling_params(params)            # ValueError naming the field
+    check_loss_inputs(data, "cross_entropy") # ValueError naming data[i] and the input
+
+Only what every Tinker server rejects is checked here, so that no program the official SDK
+runs is refused: a negative or non-finite ``temperature``, ``max_tokens`` below 1, a built-in
+loss without an input it needs, and per-token inputs whose length differs from the datum's
+``model_input``. The types themselves stay as permissive as the official ones.
+
+Thread safety: pure functions. Fork safety: no state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from tinker_sync.types import Datum, SamplingParams, TensorData
+from tinker_sync.types._datum import _LOSS_FN_REQUIRED_INPUTS, _PER_TOKEN_INPUTS
+
+__all__ = ["check_loss_inputs", "check_sampling_params"]
+
+
+def check_sampling_params(params: SamplingParams, name: str = "sampling_params") -> None:
+    """``temperature`` finite and >= 0; ``max_tokens`` None or >= 1."""
+    temperature = params.temperature
+    if isinstance(temperature, (int, float)) and not (
+        math.isfinite(temperature) and temperature >= 0
+    ):
+        raise ValueError(f"{name}.temperature must be a finite number >= 0, got {temperature!r}")
+    max_tokens = params.max_tokens
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens < 1:
+        raise ValueError(f"{name}.max_tokens must be >= 1 (or None), got {max_tokens!r}")
+
+
+def _dense_shape(tensor: TensorData) -> tuple[int, ...]:
+    if tensor.shape is not None:
+        return tuple(tensor.shape)
+    return tuple(tensor.data_np.shape)
+
+
+def check_loss_inputs(data: Sequence[Datum], loss_fn: str) -> None:
+    """Each datum has the inputs ``loss_fn`` needs, one row per ``model_input`` token."""
+    required = _LOSS_FN_REQUIRED_INPUTS.get(loss_fn)
+    if required is None:  # "custom": the client computes it, its inputs are the user's
+        return
+    for i, datum in enumerate(data):
+        inputs = datum.loss_fn_inputs
+        missing = [key for key in required if key not in inputs]
+        if missing:
+            raise ValueError(
+                f"data[{i}].loss_fn_inputs lacks {missing[0]!r}, which loss_fn {loss_fn!r} "
+                f"needs (it needs {list(required)})"
+            )
+        n_tokens = datum.model_input.length
+        targets = _dense_shape(inputs["target_tokens"])
+        if len(targets) not in (1, 2) or targets[0] != n_tokens:
+            raise ValueError(
+                f"data[{i}].loss_fn_inputs['target_tokens'] has shape {list(targets)} but "
+                f"data[{i}].model_input has {n_tokens} tokens: it needs one row per input "
+                f"token, shape [{n_tokens}] or [{n_tokens}, K]"
+            )
+        for key in _PER_TOKEN_INPUTS:
+            tensor = inputs.get(key)
+            if tensor is not None and _dense_shape(tensor) != targets:
+                raise ValueError(
+                    f"data[{i}].loss_fn_inputs[{key!r}] has shape "
+                    f"{list(_dense_shape(tensor))}, not the shape of target_tokens "
+                    f"{list(targets)}"
+                )
