@@ -79,6 +79,12 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override a /client/config flag, e.g. sample_use_retrieve_futures=true (repeatable)",
     )
     parser.add_argument(
+        "--reject-unknown-models",
+        action="store_true",
+        help="answer 400 to base model names this server does not know, like the hosted "
+        "service (default: serve them with the local model and log a warning)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         default=argparse.SUPPRESS,
@@ -159,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         faults=faults,
         client_config=client_config,
         long_poll_s=args.long_poll,
+        accept_any_model=not args.reject_unknown_models,
     )
     stop = threading.Event()
     received: list[int] = []

@@ -72,6 +72,7 @@ from tinker_sync.local._store import (
     Store,
 )
 from tinker_sync.local.backends import get_backend
+from tinker_sync.local.backends._common import KNOWN_MODELS
 from tinker_sync.local.backends.base import (
     BYTE_TOKENIZER_ID,
     Backend,
@@ -237,6 +238,8 @@ class TinkerApp:
         self._backend: Backend = get_backend(
             backend, seed=self.seed, accept_any_model=accept_any_model or models is not None
         )
+        self._backend_name = backend
+        self._warned_models: set[str] = set()
         self._owns_dir = data_dir is None
         self.data_dir = Path(
             tempfile.mkdtemp(prefix="tinker-local-") if data_dir is None else data_dir
@@ -685,6 +688,17 @@ class TinkerApp:
             self._backend.model_info(base_model)
         except UserError as exc:
             raise HttpError(400, str(exc)) from None
+        known = self._models_list if self._models_list is not None else KNOWN_MODELS
+        if base_model not in known and base_model not in self._warned_models:
+            self._warned_models.add(base_model)
+            logger.warning(
+                "serving the unknown base model %r with the local %s model; results say "
+                "nothing about that model. Reject unknown names like the hosted service with "
+                "LocalServer(accept_any_model=False) or `tinker-sync serve "
+                "--reject-unknown-models`",
+                base_model,
+                self._backend_name,
+            )
 
     def _model_for_submission(self, model_id: str) -> ModelRuntime:
         m = self._models.get(model_id)
