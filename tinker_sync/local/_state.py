@@ -313,3 +313,6 @@ class SessionRuntime:
     #: custom_loss_seq_id -> future.
     custom_losses: dict[int, FutureRecord] = field(default_factory=dict)
     expired: bool = False
+
+
+PROTO_KINDS = frozenset({"Sample", "ForwardBackward", "Forward"})
