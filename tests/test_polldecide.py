@@ -1,4 +1,5 @@
-"""The poll decision table of BEHAVIOR B21/B22, asserted delay by delay (T-C2, T-C3, T-C4)."""
+"""The poll decision table (docs/design/behavior.md#poll-answer-order,
+docs/design/behavior.md#poll-error-table), asserted delay by delay."""
 
 from __future__ import annotations
 

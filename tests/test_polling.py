@@ -1,4 +1,6 @@
-"""The poll loop against the real local server: B20-B23 (T-C2, T-C3, T-C4, T-C6, T-C9).
+"""The poll loop against the real local server (docs/design/behavior.md#poll-request,
+docs/design/behavior.md#poll-answer-order, docs/design/behavior.md#poll-error-table,
+docs/design/behavior.md#poll-bounded-by-time, docs/design/behavior.md#proto-result-decoding).
 
 Every delay is asserted on an injected FakeClock (the poll loop's sleeps carry the reason
 ``poll:<why>``); faults are scripted per future kind with ``match.request_type``.
@@ -81,7 +83,7 @@ def rig() -> Iterator[Rig]:
     r.close()
 
 
-# ------------------------------------------------------------------------------------ T-C2 (B22)
+# ------------------------------------------------------- poll errors and their sleeps
 
 OK = None
 
@@ -104,7 +106,8 @@ OK = None
     ],
 )
 def test_poll_error_table_sleeps(rig: Rig, faults: list[str], expected_sleeps, error) -> None:
-    """T-C2 (B22): the recorded sleeps of each poll-error row, against the server."""
+    """The recorded sleeps of each poll-error row, against the server
+    (docs/design/behavior.md#poll-error-table)."""
     for spec in faults:
         rig.server.faults.add(f"retrieve_future {spec} match.request_type=OptimStep")
     fut = rig.training.optim_step(types.AdamParams())
@@ -129,7 +132,8 @@ def test_poll_error_table_sleeps(rig: Rig, faults: list[str], expected_sleeps, e
 
 
 def test_402_fails_once_the_billing_window_has_passed() -> None:
-    """T-C2 (B22, B33): 5 s pauses inside the server's window, then FuturePollError(402)."""
+    """5 s pauses inside the server's window, then FuturePollError(402)
+    (docs/design/behavior.md#poll-error-table, docs/design/behavior.md#submission-loop)."""
     rig = Rig(client_config={"billing_exception_max_pause_duration_sec": 12})
     try:
         rig.server.faults.add("retrieve_future 402 x* match.request_type=OptimStep")
@@ -142,7 +146,8 @@ def test_402_fails_once_the_billing_window_has_passed() -> None:
 
 
 def test_poll_headers_follow_b20(rig: Rig) -> None:
-    """B20: iteration from 0, request type, roundtrip time on iteration 0 only, Accept proto."""
+    """Iteration from 0, request type, roundtrip time on iteration 0 only, Accept proto
+    (docs/design/behavior.md#poll-request)."""
     rig.server.faults.add("retrieve_future paused_capacity x2 match.request_type=Forward")
     fut = rig.training.forward([datum()], "cross_entropy")
     fut.result(HANG)
@@ -161,12 +166,15 @@ def test_poll_headers_follow_b20(rig: Rig) -> None:
     assert opt_poll.headers["x-tinker-request-type"] == "OptimStep"
 
 
-# ------------------------------------------------------------------------------------ T-C3 (B21)
+# -------------------------------------------------------------- metadata-only answers
 
 
 def test_metadata_flow_reserves_and_releases_response_bytes() -> None:
-    """T-C3 (B21 step 3): complete_metadata reserves the size, re-polls with the flag false,
-    and releases the bytes after decoding."""
+    """Step 3 of the answer order: complete_metadata reserves the size, re-polls with the flag false,
+    and releases the bytes after decoding.
+
+    See docs/design/behavior.md#poll-answer-order.
+    """
     rig = Rig(metadata_threshold_bytes=64)
     try:
         limiter = rig.service._session.limiter
@@ -190,7 +198,8 @@ def test_metadata_flow_reserves_and_releases_response_bytes() -> None:
 
 
 def test_a_second_complete_metadata_is_a_protocol_error(rig: Rig) -> None:
-    """T-C3 (B21): a duplicate complete_metadata fails the future; the bytes are released."""
+    """A duplicate complete_metadata fails the future; the bytes are released
+    (docs/design/behavior.md#poll-answer-order)."""
     rig.server.faults.add(
         {
             "endpoint": "retrieve_future",
@@ -210,7 +219,7 @@ def test_a_second_complete_metadata_is_a_protocol_error(rig: Rig) -> None:
     assert rig.training.optim_step(types.AdamParams()).result(HANG) is not None
 
 
-# ------------------------------------------------------------------------------------ T-C4 (B21)
+# ------------------------------------------------------------------- error categories
 
 
 @pytest.mark.parametrize(
@@ -226,7 +235,8 @@ def test_a_second_complete_metadata_is_a_protocol_error(rig: Rig) -> None:
     ],
 )
 def test_failed_request_categories(rig: Rig, fault: Any, category: RequestErrorCategory) -> None:
-    """T-C4 (B21 step 4): categories parse case-insensitively; junk maps to unknown."""
+    """Step 4 of the answer order: categories parse case-insensitively; junk maps to unknown
+    (docs/design/behavior.md#poll-answer-order)."""
     if isinstance(fault, dict):
         rig.server.faults.add(
             {
@@ -247,12 +257,13 @@ def test_failed_request_categories(rig: Rig, fault: Any, category: RequestErrorC
     assert poll_sleeps(rig.clock) == []
 
 
-# ------------------------------------------------------------------------------------ T-C6 (B23)
+# ------------------------------------------------------------------------ time bounds
 
 
 @pytest.mark.slow
 def test_10000_try_again_answers_then_success(rig: Rig) -> None:
-    """T-C6 (B23): no iteration cap and no recursion; fast answers back off up to 1 s."""
+    """No iteration cap and no recursion; fast answers back off up to 1 s
+    (docs/design/behavior.md#poll-bounded-by-time)."""
     n = 10_000
     rig.server.faults.add(f"retrieve_future paused_capacity x{n} match.request_type=OptimStep")
     fut = rig.training.optim_step(types.AdamParams())
@@ -297,8 +308,11 @@ def _submit_raw_optim_step(rig: Rig) -> str:
     ],
 )
 def test_poll_timeout_expiry_chains_the_last_error(rig: Rig, fault: str, cause, sleeps) -> None:
-    """T-C6 (B23): ``poll_timeout`` runs on the Clock; expiry raises TimeoutError from the
-    last error, checked before each sleep (never sleeping past the deadline)."""
+    """``poll_timeout`` runs on the Clock; expiry raises TimeoutError from the
+    last error, checked before each sleep (never sleeping past the deadline).
+
+    See docs/design/behavior.md#poll-bounded-by-time.
+    """
     request_id = _submit_raw_optim_step(rig)
     rig.server.faults.add(f"retrieve_future {fault} match.request_type=OptimStep")
     outcome: list[Any] = []
@@ -341,7 +355,7 @@ def test_poll_without_timeout_returns_the_decoded_value(rig: Rig) -> None:
     assert error is None and isinstance(value, dict)
 
 
-# ------------------------------------------------------------------------------------ T-C9 (B21)
+# --------------------------------------------------- content types: protobuf and JSON
 
 
 def _forward_outputs(server: LocalServer) -> types.ForwardBackwardOutput:
@@ -352,7 +366,8 @@ def _forward_outputs(server: LocalServer) -> types.ForwardBackwardOutput:
 
 
 def test_proto_and_json_results_are_both_decoded_by_content_type() -> None:
-    """T-C9 (B21, B40): the current server answers protobuf, the legacy one JSON; same values."""
+    """The current server answers protobuf, the legacy one JSON; same values
+    (docs/design/behavior.md#poll-answer-order, docs/design/behavior.md#proto-result-decoding)."""
     with LocalServer(long_poll_s=2.0) as current:
         proto_out = _forward_outputs(current)
         (poll,) = [
@@ -369,11 +384,13 @@ def test_proto_and_json_results_are_both_decoded_by_content_type() -> None:
         for key in a:
             np.testing.assert_allclose(a[key].to_numpy(), b[key].to_numpy(), rtol=1e-6)
     assert "loss:sum" in proto_out.metrics
-    assert json_out.metrics == {}  # a legacy server sends no metrics (B64): empty, no crash
+    # A legacy server sends no metrics (docs/design/behavior.md#older-servers): empty, no crash.
+    assert json_out.metrics == {}
 
 
 def test_a_json_payload_on_a_proto_kind_is_accepted(rig: Rig) -> None:
-    """T-C9 (B21 step 5, decision 1): JSON is decoded when the content-type says JSON."""
+    """Step 5 of the answer order: JSON is decoded when the content-type says JSON (a deliberate
+    difference: docs/design/behavior.md#poll-answer-order)."""
     body = {
         "loss_fn_output_type": "ArrayRecord",
         "loss_fn_outputs": [{"logprobs": {"data": [-1.5, -0.25], "dtype": "float32"}}],
@@ -394,7 +411,8 @@ def test_a_json_payload_on_a_proto_kind_is_accepted(rig: Rig) -> None:
 
 @pytest.mark.parametrize("kind", ["OptimStep", "Forward"])
 def test_an_undecodable_payload_is_a_validation_error(rig: Rig, kind: str) -> None:
-    """T-C9: protobuf content-type on a JSON kind, or garbage protobuf, fails validation."""
+    """Protobuf content-type on a JSON kind, or garbage protobuf, fails validation
+    (docs/design/behavior.md#poll-answer-order, docs/design/behavior.md#proto-result-decoding)."""
     rig.server.faults.add(
         {
             "endpoint": "retrieve_future",

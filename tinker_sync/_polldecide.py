@@ -1,4 +1,5 @@
-"""What to do with one ``retrieve_future`` answer: a pure function (B21, B22).
+"""What to do with one ``retrieve_future`` answer: a pure function
+(docs/design/behavior.md#poll-answer-order, docs/design/behavior.md#poll-error-table).
 
 Usage::
 
@@ -7,8 +8,9 @@ Usage::
                      elapsed=0.4, jitter=clock.random())
     if d.action is Action.RETRY: clock.sleep(d.delay, d.reason)
 
-The poll loop (``_polling``) owns the I/O; everything it decides comes from here, so every
-delay of the table in BEHAVIOR B22 is asserted exactly by ``tests/test_polldecide.py``.
+The poll loop (``_polling``) owns the I/O; everything it decides comes from here, so every delay of
+the table in docs/design/behavior.md#poll-error-table is asserted exactly by
+``tests/test_polldecide.py``.
 
 Thread safety: pure functions; ``PollCounters`` belongs to one poll loop.
 """
@@ -37,7 +39,8 @@ from tinker_sync.exceptions import (
 PROTOBUF = "application/x-protobuf"
 MAX_BAD_400 = 3
 BILLING_PAUSE_S = 5.0
-#: Exponents are capped so counters can grow without bound (B23: no iteration cap) while the
+#: Exponents are capped so counters can grow without bound
+#: (docs/design/behavior.md#poll-bounded-by-time: no iteration cap) while the
 #: delays stay at their caps (2**1024 would overflow a float).
 _MAX_EXP = 16
 

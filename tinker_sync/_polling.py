@@ -6,13 +6,15 @@ Usage::
                 on_done=settle, created_at=t0)
     pool("train-poll").submit(poll.run)
 
-Each iteration sends ``{"request_id", "allow_metadata_only"}`` with no HTTP retries (this loop
-owns them), the ``X-Tinker-Request-*`` headers and, for Sample / ForwardBackward / Forward,
-``Accept: application/x-protobuf`` (B20). The server-side hold and the read timeout come from
-the session's :class:`~tinker_sync._pollhold.PollHold` (a few seconds when the server honours
-a requested hold, else the server's own hold with a 45 s read timeout). What happens next comes
-from :func:`tinker_sync._polldecide.decide_reply` (B21, B22). The loop is bounded by time
-(``poll_timeout``), never by an iteration count (B23), and it is iterative.
+Each iteration sends ``{"request_id", "allow_metadata_only"}`` with no HTTP retries (this loop owns
+them), the ``X-Tinker-Request-*`` headers and, for Sample / ForwardBackward / Forward, ``Accept:
+application/x-protobuf`` (docs/design/behavior.md#poll-request). The server-side hold and the read
+timeout come from the session's :class:`~tinker_sync._pollhold.PollHold` (a few seconds when the
+server honours a requested hold, else the server's own hold with a 45 s read timeout). What happens
+next comes from :func:`tinker_sync._polldecide.decide_reply`
+(docs/design/behavior.md#poll-answer-order, docs/design/behavior.md#poll-error-table). The loop is
+bounded by time (``poll_timeout``), never by an iteration count
+(docs/design/behavior.md#poll-bounded-by-time), and it is iterative.
 
 A poll loop that gets no useful answer (only connection errors, timeouts and 5xx) for the
 client's ``stall_timeout`` (default 600 s) fails with StalledError naming the last status and
@@ -24,8 +26,9 @@ on expiry ``on_done`` gets a TimeoutError chained (``__cause__``) to the last po
 is deliberately not a public knob: callers bound their own wait with ``result(timeout)``,
 which cancels nothing, and training futures may legitimately stay paused for over 15 min.
 
-Each completion reports ``active`` to the queue-state observer and emits a ``future_done``
-hook event; a change of ``(state, reason)`` emits ``queue_state_change`` (B62, B63).
+Each completion reports ``active`` to the queue-state observer and emits a ``future_done`` hook
+event; a change of ``(state, reason)`` emits ``queue_state_change``
+(docs/design/behavior.md#queue-state-reports, docs/design/behavior.md#hooks).
 
 Thread safety: a Poll runs on one pool thread. Fork safety: polls do not survive a fork; their
 futures fail in the child (``_futures``).
@@ -128,7 +131,9 @@ class Poll:
         if self._reserved:
             self.session.limiter.release_response_bytes(self._reserved)
             self._reserved = 0
-        self._observe("active", None)  # completion (success or failure) reports active (B62)
+        # Completion (success or failure) reports active
+        # (docs/design/behavior.md#queue-state-reports).
+        self._observe("active", None)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "request %s (%s) %s after %d poll(s)",
@@ -182,7 +187,8 @@ class Poll:
     def run(self) -> None:
         try:
             self._run()
-        except BaseException as exc:  # never drop a failure (B19)
+        except BaseException as exc:
+            # Never drop a failure (docs/design/behavior.md#never-drop-a-failure).
             self._finish(None, exc)
 
     def _stop_reason(self) -> BaseException | None:

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SessionApi"]
 
-#: Every flag of PROTOCOL §1.1 with its documented default, except the pyqwest switch, which
-#: is always off so the official SDK keeps to httpx.
+#: Every flag of docs/design/protocol.md#client-config with its documented default, except the
+#: pyqwest switch, which is always off so the official SDK keeps to httpx.
 DEFAULT_CLIENT_CONFIG: dict[str, Any] = {
     "pjwt_auth_enabled": False,
     "credential_default_source": "api_key",

@@ -464,7 +464,8 @@ class TrainingApi:
         try:
             row = self.app._rest.live_checkpoint(path, want="training")
         except HttpError as exc:
-            # 400, not 404: clients treat 404/422 on create-via-load as "old server" (B64).
+            # 400, not 404: clients treat 404/422 on create-via-load as "old server"
+            # (docs/design/behavior.md#older-servers).
             raise HttpError(400, exc.detail) from None
         run = self.app._store.get_run(row.run_id)
         if run is None:
