@@ -307,6 +307,23 @@ def test_public_methods_have_the_official_parameters(
     assert not problems, f"{key}: " + "; ".join(problems)
 
 
+FUNCTION_CASES = [
+    pytest.param(official, name, id=f"{official}:{name}")
+    for official in MODULES
+    for name in _names(official)
+    if allowlist.name_reason(official, name) is None
+    and inspect.isfunction(getattr(importlib.import_module(official), name, None))
+]
+
+
+@pytest.mark.parametrize("official,name", FUNCTION_CASES)
+def test_public_functions_have_the_official_parameters(official: str, name: str) -> None:
+    theirs = getattr(importlib.import_module(official), name)
+    ours = getattr(importlib.import_module(ours_path(official)), name)
+    problems = check_signature(theirs, ours)
+    assert not problems, f"{official}.{name}: " + "; ".join(problems)
+
+
 def _differs(label: str, official: type, ours: type, member: str) -> bool:
     if not hasattr(ours, member):
         return True

@@ -1,4 +1,9 @@
-"""Public data types of tinker_sync: frozen, keyword-only attrs classes with the official names.
+"""Public data types of tinker_sync, with the official names, fields and defaults.
+
+The 11 types that are frozen stdlib dataclasses in the official SDK (``Datum``, ``TensorData``,
+``SampleResponse``, ...) are frozen stdlib dataclasses here; the others are frozen, keyword-only
+attrs classes. Constructors copy the caller's lists. The official per-type module paths
+(``tinker_sync.types.datum`` ...) re-export the same objects and load on first use.
 
 Usage::
 
@@ -11,7 +16,8 @@ Usage::
     params = types.SamplingParams(max_tokens=16, temperature=0.7)
 
 Every type offers ``model_dump(mode=..., exclude_none=...)``, ``model_dump_json()``,
-``model_validate(obj)`` and ``model_copy(update=...)``. Importing this package never imports
+``model_validate(obj)``, ``model_validate_json(text)``, ``model_copy(update=...)`` and
+``model_fields``. Importing this package never imports
 torch. Thread safety: all instances are immutable and safe to share. Fork safety: plain data.
 """
 
