@@ -62,7 +62,7 @@ _COMMAND_TIMEOUT = 120.0
 MISSING_CREDENTIALS_MESSAGE = (
     "No Tinker credential found: pass api_key=... to the client (--api-key for tinker-sync), "
     "set the TINKER_API_KEY environment variable, set TINKER_CREDENTIAL_CMD to a command that "
-    'prints one, or save {"api_key": "..."} in ~/.tinker/credentials.json. For a local server, '
+    "prints one, or keep a default key in ~/.tinker/credentials.json. For a local server, "
     "`tinker-sync serve` prints the TINKER_BASE_URL and TINKER_API_KEY to export."
 )
 
