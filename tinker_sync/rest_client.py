@@ -739,8 +739,8 @@ def _ignore(reply: Reply) -> None:
 class _HttpRetriesOnlySession(Session):
     """A Session whose requests (start-up included) get HTTP-level retries only.
 
-    For interactive tools (the CLI) that must fail within seconds rather than spend the
-    submission loop's 300 s budget on an unreachable server. Thread and fork safety: as Session.
+    For interactive tools (the CLI) that must fail within seconds rather than ride out a
+    restarting server for ``stall_timeout`` in the submission loop. Thread and fork safety: as Session.
     """
 
     def _loop(self, transport: Transport, spec: RequestSpec) -> Reply:

@@ -59,7 +59,7 @@ class Context:
         if self._rest is None:
             from tinker_sync.rest_client import RestClient
 
-            # Fail fast: HTTP-level retries only, not the 300 s submission loop.
+            # Fail fast: HTTP-level retries only, not the submission loop.
             self._rest = RestClient(
                 base_url=self.base_url,
                 api_key=self.api_key,
