@@ -84,9 +84,27 @@ def test_a_socks_proxy_without_pysocks_fails_before_sending_naming_the_extra(mon
         pools.close()
 
 
-def test_connections_get_urllib3s_socket_options():
+def test_connections_get_urllib3s_socket_options_plus_keepalive():
+    import socket
+
     from urllib3.connection import HTTPConnection
 
     route = _Route("http://tinker.example.com", 4, None, ({}, True), Pool.SAMPLE)
-    assert route.origin.conn_kw["socket_options"] == HTTPConnection.default_socket_options
+    options = route.origin.conn_kw["socket_options"]
     route.close()
+    assert options[: len(HTTPConnection.default_socket_options)] == (
+        HTTPConnection.default_socket_options
+    )
+    assert (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1) in options
+    # every option is one the platform accepts, and reads back as set
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        socket.create_connection(listener.getsockname()) as sock,
+    ):
+        for level, name, value in options:
+            sock.setsockopt(level, name, value)
+            assert sock.getsockopt(level, name) == value
+        if hasattr(socket, "TCP_KEEPIDLE"):  # Linux: a vanished peer is noticed in ~30 s
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 15
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 5
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3

@@ -247,23 +247,23 @@ class SessionFuturesPoller:
                 "retrieved_request_ids": sent,
             }
             hold = self.session.poll_hold
-            plan = hold.plan(1)
-            if ack_only:
-                body["timeout"] = 0.0
-            elif plan.hold_s is not None:
-                body["timeout"] = plan.hold_s
-            spec = RequestSpec(
-                method="POST",
-                path="/api/v1/retrieve_futures",
-                pool=Pool.RETRIEVE_FUTURES,
-                json=body,
-                timeout=ACK_POLL_TIMEOUT if ack_only else plan.timeout,
-                max_retries=0,
-                sdk_method=None,
-            )
             try:
                 self.polls += 1
-                reply = self.session.transport.send_once(spec)
+                with hold.polling() as plan:
+                    if ack_only:
+                        body["timeout"] = 0.0
+                    elif plan.hold_s is not None:
+                        body["timeout"] = plan.hold_s
+                    spec = RequestSpec(
+                        method="POST",
+                        path="/api/v1/retrieve_futures",
+                        pool=Pool.RETRIEVE_FUTURES,
+                        json=body,
+                        timeout=ACK_POLL_TIMEOUT if ack_only else plan.timeout,
+                        max_retries=0,
+                        sdk_method=None,
+                    )
+                    reply = self.session.transport.send_once(spec)
                 hold.learn(reply.headers)
                 if reply.status >= 400:
                     raise error_from_reply(reply)
@@ -272,6 +272,8 @@ class SessionFuturesPoller:
                 if closing or exiting():
                     log.debug("final retrieve_futures ack failed: %r", exc)
                     return
+                if self.session.closed:  # close() cut this poll: wind down without a sleep
+                    continue
                 if (
                     isinstance(exc, APIStatusError)
                     and exc.status_code == 402

@@ -21,12 +21,16 @@ With more polls in flight, or without the advert (a server that does not know th
 polls are sent as before: no header, the server's own hold and a read timeout of
 :data:`LEGACY_TIMEOUT` (45 s), so a thousand waiting futures stay as cheap as they were.
 
+It also knows which threads have a poll in flight, so that ``close()`` can cut those polls
+(:meth:`PollHold.threads`) instead of leaving them to the end of their hold.
+
 Thread safety: lock-guarded; shared by every poll of one session. Fork safety: plain state.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Mapping
 
 import attrs
@@ -76,6 +80,7 @@ class PollHold:
         self._lock = make_lock()
         self._max: float | None = None
         self._active = 0
+        self._threads: dict[int, int] = {}  # thread ident -> polls it has in flight
 
     @property
     def server_max(self) -> float | None:
@@ -107,12 +112,22 @@ class PollHold:
 
     @contextlib.contextmanager
     def polling(self) -> Iterator[PollPlan]:
-        """Count one poll in flight while the block runs; yields its plan."""
+        """Count one poll in flight (on this thread) while the block runs; yields its plan."""
+        ident = threading.get_ident()
         with self._lock:
             self._active += 1
+            self._threads[ident] = self._threads.get(ident, 0) + 1
             active = self._active
         try:
             yield self.plan(active)
         finally:
             with self._lock:
                 self._active -= 1
+                left = self._threads.pop(ident) - 1
+                if left:
+                    self._threads[ident] = left
+
+    def threads(self) -> list[int]:
+        """Idents of the threads with a poll in flight now (``close()`` cuts those polls)."""
+        with self._lock:
+            return list(self._threads)

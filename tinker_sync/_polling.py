@@ -286,6 +286,8 @@ class Poll:
                 err.__cause__ = self.counters.last_error
                 self._finish(None, err)
                 return
+            if self.session.closed:
+                continue  # no sleep: the next turn ends with ClientClosedError
             if delay > 0:
                 clock.sleep(delay, f"poll:{decision.reason}")
             if exiting():

@@ -496,6 +496,10 @@ class Session:
                 return
             self._closed = True
             listeners = list(self._close_listeners)
+        if self._transport is not None and not self.in_forked_child():
+            # Polls held by the server would keep their sockets and threads until the hold
+            # ends; they see the client closed as soon as their request fails.
+            self._transport.abort_polls(self.poll_hold.threads())
         try:
             if (
                 self._started

@@ -28,7 +28,8 @@ proxy, so a single-threaded client sees the same faults on every run; with many 
 threads the sequence of draws is the same and only which request gets which draw depends on
 scheduling. ``script`` replaces the draw (tests that need one fault on one request).
 
-Bounded: loopback only, at most ``max_connections`` client connections at once, every wait
+``strip_reply_headers`` removes headers from every reply (e.g. to play a server that does not
+advertise something). Bounded: loopback only, at most ``max_connections`` client connections at once, every wait
 ends at ``close()``, holds end after ``hold_max_s``. ``close()`` returns within a second or so.
 
 Thread safety: one accept thread plus one thread per client connection; ``counts``,
@@ -46,7 +47,7 @@ import struct
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import TracebackType
 
 __all__ = ["Exchange", "Fault", "FaultRates", "TcpFaultProxy"]
@@ -125,6 +126,7 @@ class TcpFaultProxy:
         hold_max_s: float = 120.0,
         script: Script | None = None,
         max_connections: int = 512,
+        strip_reply_headers: Collection[str] = (),
     ) -> None:
         parts = urllib.parse.urlsplit(upstream_url)
         if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
@@ -135,6 +137,7 @@ class TcpFaultProxy:
         self.hold_max_s = hold_max_s
         self.script = script
         self.max_connections = max_connections
+        self.strip = frozenset(name.lower().encode() for name in strip_reply_headers)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -280,6 +283,8 @@ class TcpFaultProxy:
                 if not reply_head:
                     _reset(client)
                     return
+                if self.strip:
+                    reply_head = _strip_headers(reply_head, self.strip)
                 if fault is Fault.RESET_AFTER:
                     _reset(client)
                     return
@@ -318,6 +323,12 @@ class TcpFaultProxy:
                     return
             except TimeoutError:
                 continue
+
+
+def _strip_headers(head: bytes, names: frozenset[bytes]) -> bytes:
+    lines = head.split(b"\r\n")
+    kept = [ln for ln in lines if ln.split(b":", 1)[0].strip().lower() not in names]
+    return b"\r\n".join(kept)
 
 
 def _shutdown(sock: socket.socket) -> None:

@@ -17,6 +17,7 @@ import concurrent.futures
 import http.client
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from tcp_faults import Exchange, Fault, FaultRates, TcpFaultProxy
 
 import tinker_sync
 from tinker_sync import types
+from tinker_sync._pollhold import ADVERT_HEADER
 from tinker_sync.local import LocalServer
 
 KEY = "tml-local"
@@ -179,6 +181,63 @@ def test_one_lost_reply_does_not_fail_a_call_whose_read_timeout_is_the_retry_win
         assert proxy.counts() == {kind.value: 1}
         assert server.requests.count("create_model") == 2
         assert list(server.state()["models"]) == [training.model_id]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
+    stop = threading.Event()
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        stop.wait(0.02)
+    return True
+
+
+@pytest.mark.parametrize("path", ["/api/v1/retrieve_future", "/api/v1/retrieve_futures"])
+def test_close_cuts_a_poll_whose_reply_never_comes(path: str) -> None:
+    """The proxy holds a poll's reply forever and the server does not advertise holds, so the
+    client would read for 45 s. ``close()`` cuts the poll: the future fails with
+    ClientClosedError, the session poller's thread ends and the held connection is closed by
+    the client long before its read timeout could have ended it."""
+    with (
+        LocalServer(api_key=KEY, client_config={"sample_use_retrieve_futures": True}) as server,
+        TcpFaultProxy(server.url, hold_max_s=HANG, strip_reply_headers=[ADVERT_HEADER]) as proxy,
+    ):
+        service = tinker_sync.ServiceClient(base_url=proxy.url, api_key=KEY)
+        closed = False
+        try:
+            training = service.create_lora_training_client(BASE, rank=4)
+            sampler = service.create_sampling_client(base_model=BASE)
+            proxy.script = only_first(Fault.HOLD, path)
+            if path.endswith("futures"):
+                future: Any = sampler.sample(prompt(1), 1, PARAMS)
+            else:
+                future = training.optim_step(types.AdamParams())
+            assert wait_until(lambda: proxy.counts() == {"hold": 1}, HANG)
+            service.close()
+            closed = True
+            assert isinstance(future.exception(HANG), tinker_sync.ClientClosedError)
+            # The held connection (and every idle one) is gone well within the 45 s it would
+            # otherwise have been read from.
+            assert wait_until(lambda: proxy.open_connections == 0, 20.0), proxy.open_connections
+            assert wait_until(
+                lambda: (
+                    not any(
+                        t.name.startswith("tinker_sync-futures-poller")
+                        for t in threading.enumerate()
+                    )
+                ),
+                20.0,
+            )
+        finally:
+            if not closed:
+                service.close()
+        held = [e for e in proxy.exchanges() if e.fault is Fault.HOLD]
+        assert [e.path for e in held] == [path]
+        polls = server.requests.filter(path.rsplit("/", 1)[1])
+        long_polls = [r for r in polls if (r.json or {}).get("timeout") != 0.0]  # not acks
+        assert long_polls
+        assert all(r.headers["x-stainless-read-timeout"] == "45" for r in long_polls)
 
 
 def run_lossy(

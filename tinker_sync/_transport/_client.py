@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from tinker_sync._clock import SYSTEM_CLOCK, Clock
@@ -26,7 +26,12 @@ from tinker_sync._transport._headers import (
 )
 from tinker_sync._transport._hooks import Hook, emit_hook
 from tinker_sync._transport._models import Pool, Reply, RequestSpec
-from tinker_sync._transport._pools import HttpPools, _release_pools, acquire_pools
+from tinker_sync._transport._pools import (
+    LONG_POLL_POOLS,
+    HttpPools,
+    _release_pools,
+    acquire_pools,
+)
 from tinker_sync.exceptions import APIConnectionError, ClientClosedError, RequestSnapshot
 
 logger = logging.getLogger("tinker_sync.transport")
@@ -96,6 +101,13 @@ class Transport:
             pools = self._pools
         if pools.pid == current_pid():
             _release_pools(pools)
+
+    def abort_polls(self, threads: Collection[int]) -> int:
+        """Cut the long polls that ``threads`` are waiting on now (``close()``: a poll held by
+        the server must not keep its socket and thread for the rest of its hold)."""
+        with self._lock:
+            pools = self._pools
+        return pools.abort_threads(threads, LONG_POLL_POOLS)
 
     def pools(self) -> HttpPools:
         """This process's pools for the server (re-acquired after a fork)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Collection
 from typing import Any
 
 from urllib3.connectionpool import HTTPConnectionPool
@@ -60,6 +61,12 @@ class _InflightTracker:
     def __len__(self) -> int:
         with self._lock:
             return len(self._conns)
+
+    def abort_threads(self, threads: Collection[int]) -> int:
+        """Shut down the sockets that ``threads`` (thread idents) are sending or reading on."""
+        with self._lock:
+            conns = [self._conns[t] for t in threads if t in self._conns]
+        return sum(_shutdown(conn) for conn in conns)
 
     def abort(self, *, sticky: bool = False) -> int:
         with self._lock:

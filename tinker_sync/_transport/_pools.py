@@ -164,6 +164,13 @@ class HttpPools:
             return 0
         return sum(t.abort(sticky=p in sticky) for p, t in self._inflight.items())
 
+    def abort_threads(self, threads: Collection[int], pools: Collection[Pool]) -> int:
+        """Shut down the sockets of the requests that ``threads`` have in flight on ``pools``
+        (they fail with APIConnectionError at once). A no-op on pools inherited over fork."""
+        if self.pid != current_pid() or not threads:
+            return 0
+        return sum(self._inflight[p].abort_threads(threads) for p in pools)
+
     def close(self) -> None:
         """Close every connection (only in the process that opened them)."""
         with self._lock:

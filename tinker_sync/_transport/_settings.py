@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -71,10 +72,33 @@ def _tls_settings(verify: bool | str) -> dict[str, Any]:
     return {"cert_reqs": "CERT_REQUIRED", "ca_certs": verify}
 
 
+#: TCP keepalive on every connection: probe after 15 s of silence, every 5 s, give up after 3
+#: unanswered probes, so a peer that vanished (a half-open connection under a long poll or a
+#: pooled connection) is noticed in about 30 s instead of the system's two hours.
+KEEPALIVE_IDLE_S = 15
+KEEPALIVE_INTERVAL_S = 5
+KEEPALIVE_COUNT = 3
+
+
+def _keepalive_options() -> list[SocketOption]:
+    """``SO_KEEPALIVE`` plus the timing options this platform's ``socket`` module has."""
+    options: list[SocketOption] = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    # Linux and recent macOS/Windows name the idle time TCP_KEEPIDLE; older macOS TCP_KEEPALIVE.
+    idle = getattr(socket, "TCP_KEEPIDLE", None) or getattr(socket, "TCP_KEEPALIVE", None)
+    for name, value in (
+        (idle, KEEPALIVE_IDLE_S),
+        (getattr(socket, "TCP_KEEPINTVL", None), KEEPALIVE_INTERVAL_S),
+        (getattr(socket, "TCP_KEEPCNT", None), KEEPALIVE_COUNT),
+    ):
+        if name is not None:
+            options.append((socket.IPPROTO_TCP, name, value))
+    return options
+
+
 def socket_options(pool: Pool | None = None) -> list[SocketOption]:
     """The ``setsockopt`` calls for every new connection of ``pool`` (urllib3's
-    ``socket_options``): urllib3's defaults (``TCP_NODELAY``)."""
-    return list(HTTPConnection.default_socket_options)
+    ``socket_options``): urllib3's defaults (``TCP_NODELAY``) plus TCP keepalive."""
+    return [*HTTPConnection.default_socket_options, *_keepalive_options()]
 
 
 def connection_settings(
