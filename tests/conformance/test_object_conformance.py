@@ -587,18 +587,8 @@ def test_model_protocol_matches_the_official(name: str) -> None:
     assert cls.model_validate(ours.model_dump(mode="json")) == ours
     assert cls.model_validate_json(ours.model_dump_json()) == ours
     assert ours.model_copy() == ours and ours.model_copy(update={}) is not ours
-    try:
-        hash(official)
-        official_hashable = True
-    except TypeError:
-        official_hashable = False
-    try:
-        hash(ours)
-        ours_hashable = True
-    except TypeError:
-        ours_hashable = False
-    if official_hashable:
-        assert ours_hashable and hash(ours) == hash(pickle.loads(pickle.dumps(ours)))
+    if _hashable(official):
+        assert _hashable(ours) and hash(ours) == hash(pickle.loads(pickle.dumps(ours)))
 
 
 def _dataclass_samples() -> dict[str, Callable[[Any], Any]]:
@@ -659,11 +649,20 @@ def test_dataclass_replace_pickle_and_fields_behave_like_the_official(name: str)
     again = pickle.loads(pickle.dumps(ours))
     for field in public:
         assert _plain(getattr(again, field)) == _plain(getattr(ours, field)), field
+    assert _hashable(ours) == _hashable(official), "hashability differs from the official"
     if name != "TensorData":  # the official TensorData cannot be replaced (its _numpy field)
         copy = dataclasses.replace(ours)
         assert copy is not ours
         for field in public:
             assert _plain(getattr(copy, field)) == _plain(getattr(ours, field)), field
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _plain(value: Any) -> Any:
