@@ -85,10 +85,12 @@ class RayExecutor(concurrent.futures.Executor):
             ref = self._remote.remote(fn, args, kwargs)
             self._pending[out] = ref
         ray_future: concurrent.futures.Future[T] = ref.future()
+        held = [ref]  # the task's ObjectRef until its result is in (for cancel)
 
         def settle(done: concurrent.futures.Future[T]) -> None:
             with self._lock:
                 self._pending.pop(out, None)
+            held.clear()  # the result is in: let Ray free its copy while `out` lives on
             if not out.set_running_or_notify_cancel():
                 return  # cancelled by the caller; the task was cancelled in Ray too
             exc = done.exception()
@@ -101,7 +103,8 @@ class RayExecutor(concurrent.futures.Executor):
             if fut.cancelled():
                 with self._lock:
                     self._pending.pop(out, None)
-                self._ray.cancel(ref)
+                for task in list(held):
+                    self._ray.cancel(task)
 
         out.add_done_callback(forward_cancel)
         ray_future.add_done_callback(settle)
