@@ -16,6 +16,8 @@ def run_example(name: str, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["TINKER_TELEMETRY"] = "0"
+    # Ray (rollout_ray.py): no usage reports, no killing of workers on a memory spike
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0")
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", name), *args],
         capture_output=True,

@@ -38,14 +38,17 @@ BASE = "Qwen/Qwen3-8B"
 PROMPT = types.ModelInput.from_ints([1, 2, 3])
 PARAMS = types.SamplingParams(max_tokens=3)
 WITH_KEY = {"env_vars": {"TINKER_API_KEY": KEY}}
+#: No usage reports; no killing of workers when the shared machine's memory runs high for a
+#: moment (Ray would retry the task forever and the test would only time out).
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_memory_monitor_refresh_ms": "0"}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster() -> Iterator[None]:
     """A 2-CPU local cluster; its processes inherit no Tinker credential from this one."""
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("TINKER_")}
-    saved_stats = os.environ.get("RAY_USAGE_STATS_ENABLED")
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    saved_ray = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)
     try:
         ray.init(
             num_cpus=2,
@@ -61,10 +64,11 @@ def ray_cluster() -> Iterator[None]:
     finally:
         ray.shutdown()
         os.environ.update(saved)
-        if saved_stats is None:
-            os.environ.pop("RAY_USAGE_STATS_ENABLED", None)
-        else:
-            os.environ["RAY_USAGE_STATS_ENABLED"] = saved_stats
+        for name, value in saved_ray.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture
