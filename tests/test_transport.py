@@ -1122,3 +1122,22 @@ def test_small_bodies_leave_with_their_headers_in_one_write(
     assert [s.body for s in stub.seen[:2]] == [small, large]
     assert len(writes) == 4  # small: one write; large: headers, then body; GET: headers
     assert writes[0] > len(small) and writes[2] == len(large)
+
+
+def test_status_errors_keep_the_servers_words_bounded_with_the_request_id() -> None:
+    from tinker_sync._transport import Reply
+
+    long_detail = "x" * 5000
+    reply = Reply(
+        status=500,
+        headers={"X-Request-Id": "rq-42", "content-type": "application/json"},
+        content=('{"detail": "' + long_detail + '"}').encode(),
+        elapsed=0.0,
+        method="POST",
+        url="http://h/api/v1/x",
+    )
+    err = error_from_reply(reply)
+    text = str(err)
+    assert text.startswith("Error code: 500 - {'detail': 'xxx")
+    assert len(text) < 2100 and text.endswith("... (request id rq-42)")
+    assert err.response.request_id == "rq-42" and err.body == {"detail": long_detail}

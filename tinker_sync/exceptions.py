@@ -216,6 +216,14 @@ class ResponseSnapshot:
     def text(self) -> str:
         return self.content.decode("utf-8", "replace")
 
+    @property
+    def request_id(self) -> str | None:
+        """The server's ``x-request-id`` (or ``request-id``) header, if it sent one."""
+        for key, value in self.headers.items():
+            if key.lower() in ("x-request-id", "request-id") and value:
+                return str(value)
+        return None
+
     def json(self) -> Any:
         return _json.loads(self.content)
 

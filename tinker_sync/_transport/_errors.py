@@ -29,12 +29,16 @@ from tinker_sync.exceptions import (
     status_error_class,
 )
 
+#: Longest body excerpt kept in a status error's message (the full body stays on ``.body``).
+MAX_SHOWN_BODY = 2000
+
 
 def error_from_reply(reply: Reply) -> APIStatusError:
     """The status exception for an error reply (400 -> BadRequestError, ..., 5xx -> Internal).
 
     ``body`` is the parsed JSON (or the text) and the message reads
-    ``"Error code: 404 - {...}"`` like the official client.
+    ``"Error code: 404 - {...}"`` like the official client, bounded to 2,000 characters, plus
+    ``(request id ...)`` when the reply names one in ``x-request-id``.
     """
     snapshot = reply.snapshot()  # scrubbed: the body must not smuggle a secret either
     try:
@@ -42,7 +46,12 @@ def error_from_reply(reply: Reply) -> APIStatusError:
     except ValueError:
         body = snapshot.text
     cls = status_error_class(reply.status)
-    shown = body if body is not None else "(empty body)"
+    shown = str(body) if body is not None else "(empty body)"
+    if len(shown) > MAX_SHOWN_BODY:  # the server's words, bounded
+        shown = shown[: MAX_SHOWN_BODY - 3] + "..."
+    request_id = snapshot.request_id
+    if request_id:
+        shown += f" (request id {request_id})"
     return cls(
         f"Error code: {reply.status} - {shown}",
         response=snapshot,

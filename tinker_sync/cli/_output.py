@@ -175,11 +175,8 @@ def _json_default(value: Any) -> Any:
 
 def _reply_request_id(exc: BaseException) -> str | None:
     response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or {}
-    for key, value in headers.items():
-        if key.lower() in ("x-request-id", "request-id"):
-            return str(value)
-    return None
+    request_id: str | None = getattr(response, "request_id", None)
+    return request_id
 
 
 def _status_detail(exc: BaseException) -> str:
