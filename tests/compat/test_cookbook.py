@@ -7,7 +7,7 @@ an interruption), ``weights.download`` of its final state (an age-encrypted expo
 KL penalty, resume, rollouts in a spawn ProcessPoolExecutor). On the deterministic paths (SL,
 DPO) the same program also runs on the official ``tinker`` SDK against the same server, and
 every logged metric must be equal, number for number. One process per SDK runs every loop
-in turn (plus one for the spawn pool), to keep the module fast.
+in turn, to keep the module fast.
 
 This module installs nothing. It runs when tinker_cookbook 0.6.1 is importable; CI installs
 it (``.ci/run``), and there a missing cookbook or official SDK fails instead of skipping.
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROGRAM = Path(__file__).with_name("cookbook_programs.py")
 TIMEOUT = 280
 DETERMINISTIC = ["sl", "sl_resume", "download", "dpo"]
-RL = ["rl_sync", "rl_sync_resume", "rl_async", "rl_stream", "rl_kl"]
+RL = ["rl_sync", "rl_sync_resume", "rl_async", "rl_stream", "rl_kl", "rl_spawn"]
 
 
 def _missing(module: str) -> str | None:
@@ -165,7 +165,7 @@ def test_rl_resume(ours: dict[str, dict[str, Any]]) -> None:
     assert len(resumed) == 3 and resumed[0] == first[0]
 
 
-def test_rl_rollouts_in_spawn_process_pool(server: Any, tmp_path: Path) -> None:
+def test_rl_rollouts_in_spawn_process_pool(ours: dict[str, dict[str, Any]]) -> None:
     """set_rollout_executor(ProcessPoolExecutor(spawn)): the workers get the alias too."""
-    trace = steps(run(server, ["rl_spawn"], tmp_path)["rl_spawn"]["trace"])
+    trace = steps(ours["rl_spawn"]["trace"])
     assert len(trace) == 1 and trace[0]["env/all/total_episodes"] == 4
