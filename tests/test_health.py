@@ -327,3 +327,30 @@ def test_result_timeout_says_what_is_still_pending(rig: Rig) -> None:
     finally:
         rig.server.resume()
     fut.result(HANG)
+
+
+@pytest.mark.parametrize("poller", [False, True], ids=["retrieve_future", "retrieve_futures"])
+def test_a_sample_answered_503_forever_stalls(poller: bool) -> None:
+    """Both sample paths (per-future polls and the session futures poller) end in a stall."""
+    endpoint = "retrieve_futures" if poller else "retrieve_future"
+    server = LocalServer(
+        client_config={"sample_use_retrieve_futures": poller},
+        faults=[f"{endpoint} 503 x* body='sampler restarting'"],
+        long_poll_s=2.0,
+    ).start()
+    clock = FakeClock(rng=lambda: 0.0)
+    service = tinker_sync.ServiceClient(
+        base_url=server.url, api_key=server.api_key, stall_timeout=60.0, _clock=clock
+    )
+    try:
+        sampler = service.create_sampling_client(base_model="tinker-sync/tiny")
+        fut = sampler.sample(
+            types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=2)
+        )
+        exc = fut.exception(HANG)
+        assert isinstance(exc, StalledError), repr(exc)
+        assert "HTTP 503" in str(exc) and "sampler restarting" in str(exc)
+        assert server.requests.count("asample") == 1  # never resubmitted: a stall is final
+    finally:
+        service.close()
+        server.stop()
