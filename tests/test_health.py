@@ -188,7 +188,10 @@ def test_warning_at_first_failure_then_once_a_minute_then_info(
         caplog.clear()
         return out
 
-    health.observe(_event(None, "APIConnectError"))
+    health.observe(_event(None, "APITimeoutError"))  # one lost reply: no alarm yet
+    health.observe(_event(200))
+    assert lines() == []
+    health.observe(_event(None, "APIConnectError"))  # a failed connect warns at once
     [(level, text)] = lines()
     assert level == logging.WARNING
     assert "http://host.test:8000" in text and "APIConnectError" in text
@@ -207,6 +210,11 @@ def test_warning_at_first_failure_then_once_a_minute_then_info(
     assert level == logging.INFO and "answers again" in text
     health.observe(_event(200))
     assert lines() == []
+    health.observe(_event(503))  # lost replies warn at the second in a row
+    assert lines() == []
+    health.observe(_event(502))
+    [(level, text)] = lines()
+    assert level == logging.WARNING and "HTTP 502" in text
 
 
 def test_warning_never_shows_user_info_of_the_url(caplog: pytest.LogCaptureFixture) -> None:

@@ -11,10 +11,11 @@ Usage (inside the SDK)::
     watch.useful()                               # an answer that is not a failure
     err = watch.unhealthy(exc)                   # a StalledError once 600 s passed, else None
 
-The warning goes through ``logging`` (logger ``tinker_sync.health``) at the first failed attempt
-of a streak (a connection error, a timeout, or 502/503/504), naming the base URL (user info and
-secrets scrubbed) and what is pending; then at most once a minute while the streak lasts; an
-INFO line says when the server answers again.
+The warning goes through ``logging`` (logger ``tinker_sync.health``) at the first failed connect
+of a streak (or at the second failure in a row when replies are lost on open connections:
+resets, read timeouts, 502/503/504), naming the base URL (user info and secrets scrubbed) and
+what is pending; then at most once a minute while the streak lasts; an INFO line says when the
+server answers again (only after a warning).
 
 A *stall* is a call with no useful answer for ``stall_timeout`` seconds: every attempt since the
 last useful answer was a connection error, a timeout or a 5xx. :class:`StallWatch` turns that
@@ -59,6 +60,7 @@ log = logging.getLogger("tinker_sync.health")
 #: While a server stays unreachable, the warning repeats at most this often.
 WARN_EVERY_S = 60.0
 _GATEWAY_STATUSES = frozenset({502, 503, 504})
+_CONNECT_ERRORS = frozenset({"APIConnectError", "APIConnectTimeoutError"})
 
 
 def is_unhealthy_status(status: int | None) -> bool:
@@ -162,6 +164,7 @@ class Health:
         self.reached = False
         self._lock = make_lock()
         self._failing_since: float | None = None
+        self._warned = False
         self._last_warned = 0.0
         self._failures = 0
         self._progress: dict[str, Progress] = {}
@@ -180,19 +183,29 @@ class Health:
         if status is not None:
             self.reached = True
         if error is not None or status in _GATEWAY_STATUSES:
-            self.failed(error if error is not None else f"HTTP {status}", data.get("path"))
+            what = error if error is not None else f"HTTP {status}"
+            self.failed(what, data.get("path"), connect=what in _CONNECT_ERRORS)
         else:
             self.ok()
 
-    def failed(self, what: str, path: str | None = None) -> None:
+    def failed(self, what: str, path: str | None = None, *, connect: bool = True) -> None:
+        """One failed attempt. A failed connect warns at once; a reply lost on an open
+        connection (reset, read timeout, 502-504: common on lossy networks) only when the
+        next attempt fails too."""
         now = self.clock.monotonic()
         with self._lock:
             self._failures += 1
-            first = self._failing_since is None
-            if first:
+            if self._failing_since is None:
                 self._failing_since = now
+            if not self._warned:
+                if not connect and self._failures < 2:
+                    return
+                first = True
+                self._warned = True
             elif now - self._last_warned < WARN_EVERY_S:
                 return
+            else:
+                first = False
             self._last_warned = now
             since = self._failing_since
             failures = self._failures
@@ -225,7 +238,8 @@ class Health:
         with self._lock:
             since, self._failing_since = self._failing_since, None
             failures, self._failures = self._failures, 0
-        if since is not None:
+            warned, self._warned = self._warned, False
+        if since is not None and warned:
             log.info(
                 "the Tinker server at %s answers again after %.0f s (%d failed attempts)",
                 self.url,

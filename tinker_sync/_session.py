@@ -408,7 +408,8 @@ class Session:
         t.start()
 
     def _heartbeat_loop(self) -> None:
-        """Beat every 10 s on a monotonic schedule; warn after 120 s of failures; stop on 410."""
+        """Beat every 10 s on a monotonic schedule; warn after 120 s of failures (then at most
+        once a minute); stop on 410."""
         assert self._transport is not None and self.session_id is not None
         spec = RequestSpec(
             method="POST",
@@ -420,6 +421,7 @@ class Session:
             sdk_method=None,
         )
         last_ok = self.timer_clock.monotonic()
+        last_warned = -math.inf  # the warning repeats at most once a minute
         next_beat = last_ok + HEARTBEAT_INTERVAL_S
         while True:
             remaining = next_beat - self.timer_clock.monotonic()
@@ -440,7 +442,9 @@ class Session:
             now = self.timer_clock.monotonic()
             if failure is None:
                 last_ok = now
-            elif now - last_ok > HEARTBEAT_WARN_AFTER_S:
+                last_warned = -math.inf
+            elif now - last_ok > HEARTBEAT_WARN_AFTER_S and now - last_warned >= 60.0:
+                last_warned = now
                 log.warning(
                     "session %s: heartbeats have failed for %.0f s (%s); the server will end "
                     "the session if this persists",
