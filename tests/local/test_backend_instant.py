@@ -38,6 +38,7 @@ def batch(seed: int = 0) -> list[DatumArrays]:
                     "logprobs": -rng.random(n).astype(np.float32) * 3,
                     "advantages": rng.standard_normal(n).astype(np.float32),
                 },
+                provenance=True,  # as if built with Datum.with_provenance (stable_reinforce)
             )
         )
     return out

@@ -63,6 +63,7 @@ def rl_batch(seed: int, *, lengths: tuple[int, ...] = (7, 5, 9)) -> list[DatumAr
                     "advantages": rng.standard_normal(n).astype(np.float32),
                     "logprobs": np.zeros(n, np.float32),  # filled by with_sampler_logprobs
                 },
+                provenance=True,  # as if built with Datum.with_provenance (stable_reinforce)
             )
         )
     return out
@@ -365,6 +366,15 @@ def test_unsupported_losses_are_user_errors(loss_fn: str, message: str) -> None:
     data = rl_batch(1)
     with pytest.raises(UserError, match=message):
         model.forward_backward(data, loss_fn, {}, backward=True)
+
+
+def test_stable_reinforce_needs_provenance_on_every_datum() -> None:
+    model = small_model()
+    data = rl_batch(1)
+    data[1].provenance = False
+    with pytest.raises(UserError, match="stable_reinforce' needs provenance"):
+        model.forward_backward(data, "stable_reinforce", {}, backward=False)
+    model.forward_backward(data, "importance_sampling", {}, backward=False)  # others don't
 
 
 @pytest.mark.parametrize("missing", ["advantages", "logprobs", "target_tokens"])

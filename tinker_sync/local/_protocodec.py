@@ -402,10 +402,13 @@ def _datum_arrays(
 ) -> DatumArrays:
     tokens: list[AnyArray] = []
     inputs: dict[str, AnyArray] = {}
+    provenance = False
     for number, wire, a, b in fields(buf, start, end):
         if wire != 2:
             continue
-        if number == 1:
+        if number == 4:  # loss_fn_input_spans
+            provenance = True
+        elif number == 1:
             tokens.append(_chunk_tokens(buf, a, b, f"{what}.model_input[{len(tokens)}]"))
         elif number == 2:
             key = ""
@@ -422,7 +425,7 @@ def _datum_arrays(
         flat = tokens[0]
     else:
         flat = np.concatenate(tokens)
-    return factory(tokens=flat, inputs=inputs)
+    return factory(tokens=flat, inputs=inputs, provenance=provenance)
 
 
 # ----------------------------------------------------------------------------- JSON results (legacy servers)

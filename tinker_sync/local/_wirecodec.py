@@ -311,7 +311,8 @@ def decode_forward_backward_json(obj: Any) -> FwdBwdRequest:
             name: tensor_from_json(t, f"data[{i}].loss_fn_inputs.{name}")
             for name, t in raw_inputs.items()
         }
-        datums.append(DatumArrays(tokens=tokens, inputs=inputs))
+        provenance = bool(d.get("loss_fn_input_spans"))
+        datums.append(DatumArrays(tokens=tokens, inputs=inputs, provenance=provenance))
     return FwdBwdRequest(
         model_id=model_id,
         seq_id=seq_id,

@@ -75,6 +75,12 @@ def prepare_inputs(
     ``vocab_size`` bounds target ids (None accepts any non-negative id).
     """
     inputs = datum.inputs
+    if loss_fn == "stable_reinforce" and not datum.provenance:
+        raise UserError(
+            "loss_fn 'stable_reinforce' needs provenance on every datum: "
+            "Datum.with_provenance(...) naming sequence_ids sampled with "
+            "record_stability_info=True"
+        )
     for key in _LOSS_FN_REQUIRED_INPUTS.get(loss_fn, ("target_tokens",)):
         if key not in inputs:
             raise UserError(f"loss_fn {loss_fn!r} requires loss_fn_inputs[{key!r}]")
@@ -194,8 +200,8 @@ def token_loss(
         # that stays stable off-policy using information recorded at sampling time; it does not
         # publish the formula. Assumed here: REINFORCE weighted by the importance ratio against
         # the sampler's logprobs, capped and without gradient through the weight (truncated
-        # importance sampling): -stopgrad(min(r, 2)) * A * lp. Provenance spans are accepted
-        # but not looked up: the datum's own `logprobs` input is the sampler's.
+        # importance sampling): -stopgrad(min(r, 2)) * A * lp. Provenance spans are required
+        # (prepare_inputs) but not looked up: the datum's own `logprobs` input is the sampler's.
         capped = np.nan_to_num(ratio, nan=0.0, posinf=STABLE_REINFORCE_CAP)
         weight = np.minimum(capped, STABLE_REINFORCE_CAP)
         return -weight * lp * adv * m, -weight * adv * m

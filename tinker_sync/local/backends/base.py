@@ -45,10 +45,12 @@ class DatumArrays:
     ``tokens``: int64 ``[N]`` model-input tokens (text chunks concatenated in order; a non-text
     chunk contributes ``length`` tokens of id 0). ``inputs``: the loss_fn_inputs, densified
     (CSR expanded with pad 0), as float32 or int64 arrays with their declared shapes.
+    ``provenance``: the datum carries ``loss_fn_input_spans`` (``Datum.with_provenance``).
     """
 
     tokens: npt.NDArray[np.int64]
     inputs: dict[str, npt.NDArray[np.generic]]
+    provenance: bool = False
 
 
 @dataclass
