@@ -32,12 +32,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No test sees the developer's Tinker credentials or telemetry settings."""
+def _isolated_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """No test sees the developer's Tinker credentials or telemetry settings.
+
+    Shared backoff files go to a fresh directory per test (never the user's runtime dir, and
+    no deadline leaks from one test into the next); subprocesses inherit it.
+    """
     for name in list(os.environ):
         if name.startswith(("TINKER_", "CLOUDFLARE_ACCESS_")):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    monkeypatch.setenv("TINKER_SYNC_RUNTIME_DIR", str(tmp_path_factory.mktemp("run")))
     monkeypatch.setenv("HOME", os.environ.get("TINKER_SYNC_TEST_HOME", "/nonexistent-home"))
     yield
 

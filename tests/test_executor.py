@@ -162,8 +162,8 @@ def test_configure_threads_validates_and_applies_to_new_pools(fresh_sizes):
 
 
 def test_inventory_defaults_are_documented():
-    """B54: the documented sizes (the sample-submit pool is deliberately small)."""
-    assert _executor.DEFAULT_SIZES["sample-submit"] == 32
+    """The documented sizes (the sample-submit pool is deliberately small: sends never wait)."""
+    assert _executor.DEFAULT_SIZES["sample-submit"] == 8
     assert _executor.DEFAULT_SIZES["sample-poll"] == 400
     assert _executor.DEFAULT_SIZES["train-poll"] == 64
     assert _executor.DEFAULT_SIZES["rest"] == 16

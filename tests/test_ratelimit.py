@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -11,7 +13,7 @@ from tinker_sync._config import normalize_base_url
 from tinker_sync._ratelimit import (
     BACKED_OFF_BYTE_PENALTY,
     Limiter,
-    Stopped,
+    Ticket,
     limiter_for,
     reset_limiters,
 )
@@ -61,31 +63,127 @@ def test_deadline_only_moves_forward():
     assert not limiter.recently_backed_off()
 
 
-def test_200_waiters_make_at_most_3_timed_waits_each():
-    """T-B7 (B13): waiters block on the condition, they do not poll."""
+class Tickets:
+    """Makes tickets that record when they start or stop (started ones hold their gates)."""
+
+    def __init__(self, limiter: Limiter) -> None:
+        self.limiter = limiter
+        self.lock = threading.Lock()
+        self.started: list[str] = []
+        self.started_at: list[float] = []
+        self.stopped: list[tuple[str, BaseException]] = []
+        self.stop_all: BaseException | None = None
+        self.tickets: dict[str, Ticket] = {}
+
+    def submit(self, name: str, owner: str = "a", estimate: int = 100) -> Ticket:
+        def start() -> None:
+            with self.lock:
+                self.started.append(name)
+                self.started_at.append(self.limiter.clock.monotonic())
+
+        def on_stop(exc: BaseException) -> None:
+            with self.lock:
+                self.stopped.append((name, exc))
+
+        ticket = Ticket(
+            owner=owner,
+            estimate=estimate,
+            start=start,
+            on_stop=on_stop,
+            stop_reason=lambda: self.stop_all,
+        )
+        self.tickets[name] = ticket
+        self.limiter.enqueue(ticket)
+        return ticket
+
+    def done(self, name: str) -> None:
+        self.limiter.release(self.tickets[name])
+
+
+def until(predicate: Callable[[], bool]) -> None:
+    """Wait for a state (not a duration); fail after the hang guard."""
+    deadline = time.monotonic() + HANG
+    pause = threading.Event()
+    while not predicate():
+        assert time.monotonic() < deadline, "state not reached within the hang guard"
+        pause.wait(0.002)
+
+
+def sdk_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("tinker_sync-")}
+
+
+def test_200_tickets_parked_on_the_deadline_hold_no_thread_and_start_after_it():
+    """The backoff wait is a timer, not blocked workers; nothing starts before the deadline."""
     clock = FakeClock()
     limiter = limiter_for("https://x", "k", clock)
+    limiter.send_width = 1_000  # the backed-off gate of 10 binds, not the senders
     limiter.set_backoff(5.0, "429")
-    done = threading.Barrier(201)
+    made = Tickets(limiter)
+    before = threading.active_count()
+    for i in range(200):
+        made.submit(f"t{i}")
+    # Recently backed off: only the gate of 10 is admitted; all 10 wait as held tickets.
+    snap = limiter.snapshot()
+    assert (snap["held"], snap["waiting"], snap["backed_off_count"]) == (10, 190, 0)
+    assert not made.started
+    assert threading.active_count() <= before + 1  # at most the executor's one timer thread
+    released = 0
+    while released < 200:  # each release admits and starts the next ticket
+        until(lambda: len(made.started) > released)
+        current = list(made.started)
+        for name in current[released:]:
+            made.done(name)
+        released = len(current)
+    assert min(made.started_at) >= 5.0
+    assert made.started == [f"t{i}" for i in range(200)]  # one owner: FIFO
+    snap = limiter.snapshot()
+    assert (snap["count"], snap["backed_off_count"], snap["held"], snap["waiting"]) == (
+        400,
+        10,
+        0,
+        0,
+    )
 
-    def waiter() -> None:
-        limiter.wait_backoff(lambda: None)
-        done.wait(HANG)
 
-    threads = [threading.Thread(target=waiter, name=f"w{i}") for i in range(200)]
-    for t in threads:
-        t.start()
-    done.wait(HANG)
-    for t in threads:
-        t.join(HANG)
-    per_thread: dict[str, int] = {}
-    for _timeout, name in clock.waits:
-        per_thread[name] = per_thread.get(name, 0) + 1
-    assert max(per_thread.values()) <= 3
+def test_owners_are_admitted_round_robin_behind_a_10000_ticket_backlog():
+    """Fairness: another owner's first ticket is admitted within one slot of a free gate."""
+    clock = FakeClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.send_width = 1_000  # let the count gate of 400 bind, not the senders
+    made = Tickets(limiter)
+    for i in range(10_000):
+        made.submit(f"a{i}", owner="A")
+    assert len(made.started) == 400 and limiter.snapshot()["waiting"] == 9_600
+    made.submit("b0", owner="B")
+    made.submit("b1", owner="B")
+    made.done("a0")  # one slot frees: B's first ticket takes it, not A's 401st
+    assert made.started[-1] == "b0"
+    made.done("a1")
+    assert made.started[-1] == "a400"  # then turns alternate
+    made.done("a2")
+    assert made.started[-1] == "b1"
+    made.done("a3")
+    assert made.started[-1] == "a401"
+
+
+def test_gates_are_taken_only_when_a_sender_is_free():
+    """A newcomer is never queued behind tickets admitted early that only wait for a thread."""
+    clock = FakeClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.send_width = 3
+    made = Tickets(limiter)
+    for i in range(100):
+        made.submit(f"a{i}", owner="A")
+    assert made.started == ["a0", "a1", "a2"]
+    assert limiter.snapshot()["count"] == 397  # the other gates were not taken
+    made.submit("b0", owner="B")
+    made.done("a1")
+    assert made.started[-1] == "b0"  # the very next free sender
 
 
 def test_byte_gate_admits_while_non_negative_and_penalises_after_backoff():
-    """T-B5 (B12): a second 6 MiB prompt waits; a lone 30 MiB prompt is admitted."""
+    """A second 6 MiB prompt is admitted (budget >= 0), a third waits; a lone 30 MiB passes."""
     clock = FakeClock()
     limiter = limiter_for("https://x", "k", clock)
     limiter.configure(
@@ -93,66 +191,47 @@ def test_byte_gate_admits_while_non_negative_and_penalises_after_backoff():
         fwdbwd_dispatch_bytes=50_000_000,
         inflight_response_bytes=50 * MiB,
     )
-    with limiter.dispatch(6 * MiB, lambda: None):
-        assert limiter.snapshot()["sample_bytes"] == 4 * MiB
-        with limiter.dispatch(6 * MiB, lambda: None):  # admitted: budget was >= 0
-            assert limiter.snapshot()["sample_bytes"] == -2 * MiB
-            entered = threading.Event()
-
-            def third() -> None:
-                with limiter.dispatch(1, lambda: None):
-                    entered.set()
-
-            t = threading.Thread(target=third)
-            t.start()
-            assert not entered.wait(0.2)  # budget < 0: waits
-        assert entered.wait(HANG)  # released: admitted
-        t.join(HANG)
+    made = Tickets(limiter)
+    made.submit("first", estimate=6 * MiB)
+    assert limiter.snapshot()["sample_bytes"] == 4 * MiB
+    made.submit("second", estimate=6 * MiB)  # admitted: the budget was >= 0
+    assert limiter.snapshot()["sample_bytes"] == -2 * MiB
+    made.submit("third", estimate=1)
+    assert made.started == ["first", "second"]  # budget < 0: waits
+    made.done("first")
+    assert made.started == ["first", "second", "third"]
+    made.done("second")
+    made.done("third")
     assert limiter.snapshot()["sample_bytes"] == 10 * MiB
-    with limiter.dispatch(30 * MiB, lambda: None):  # a lone huge prompt cannot deadlock
-        pass
+    made.submit("huge", estimate=30 * MiB)  # a lone huge prompt cannot deadlock
+    assert made.started[-1] == "huge"
+    made.done("huge")
     limiter.set_backoff(1.0, "429")
-    with limiter.dispatch(MiB, lambda: None):
-        snap = limiter.snapshot()
-        assert snap["sample_bytes"] == 10 * MiB - BACKED_OFF_BYTE_PENALTY * MiB
-        assert snap["backed_off_count"] == 9
+    made.submit("penalised", estimate=MiB)
+    snap = limiter.snapshot()
+    assert snap["sample_bytes"] == 10 * MiB - BACKED_OFF_BYTE_PENALTY * MiB
+    assert snap["backed_off_count"] == 9
+    until(lambda: made.started[-1] == "penalised")
+    made.done("penalised")
     assert limiter.snapshot()["backed_off_count"] == 10
+    made.done("penalised")  # releasing twice changes nothing
+    assert limiter.snapshot()["count"] == 400
 
 
 def test_cancelled_waiter_sends_nothing_and_restores_permits():
-    """T-B11 (B13): a waiter stopped during the backoff leaves the gates as they were."""
+    """A ticket stopped during the backoff never starts and leaves the gates as they were."""
     clock = SystemClock()
     limiter = limiter_for("https://x", "k", clock)
     limiter.set_backoff(30.0, "429")
-    cancelled = threading.Event()
-    outcome: list[BaseException] = []
-    sent = []
-
-    in_backoff = threading.Event()
-
-    def stop_during_backoff() -> BaseException | None:
-        in_backoff.set()
-        return RuntimeError("cancelled") if cancelled.is_set() else None
-
-    def sampler() -> None:
-        try:
-            with limiter.dispatch(100, lambda: None):
-                limiter.wait_backoff(stop_during_backoff)
-                sent.append(1)
-        except Stopped as exc:
-            outcome.append(exc.exc)
-
-    t = threading.Thread(target=sampler)
-    t.start()
-    assert in_backoff.wait(HANG)
+    made = Tickets(limiter)
+    made.submit("held")
     held = limiter.snapshot()
-    assert (held["count"], held["backed_off_count"]) == (399, 9)  # gates held while waiting
-    cancelled.set()
-    limiter.wake()
-    t.join(HANG)
-    assert not sent and isinstance(outcome[0], RuntimeError)
+    assert (held["count"], held["backed_off_count"], held["held"]) == (399, 9, 1)
+    made.stop_all = RuntimeError("cancelled")
+    limiter.wake(everything=False)
+    assert not made.started and [n for n, _ in made.stopped] == ["held"]
     after = limiter.snapshot()
-    assert (after["count"], after["backed_off_count"]) == (400, 10)
+    assert (after["count"], after["backed_off_count"], after["held"]) == (400, 10, 0)
     assert after["sample_bytes"] == limiter._budgets()[0].size
 
 
@@ -183,41 +262,26 @@ def test_same_tenant_spelled_differently_shares_one_limiter():
 
 
 def test_stopping_a_gate_waiter_leaves_the_gates_intact():
-    """B12/B13: a waiter blocked on the count gate stops on request and takes nothing."""
-    import contextlib
-
+    """A ticket queued behind a full count gate stops on close and takes nothing."""
     clock = SystemClock()
     limiter = limiter_for("https://x", "k", clock)
-    stop = threading.Event()
-    outcome: list[BaseException] = []
-    waiting = threading.Event()
-
-    def should_stop() -> BaseException | None:
-        waiting.set()
-        return RuntimeError("closed") if stop.is_set() else None
-
-    with contextlib.ExitStack() as stack:
-        for _ in range(400):
-            stack.enter_context(limiter.dispatch(1, lambda: None))
-        assert limiter.snapshot()["count"] == 0
-
-        def blocked() -> None:
-            try:
-                with limiter.dispatch(1, should_stop):
-                    pass
-            except Stopped as exc:
-                outcome.append(exc.exc)
-
-        t = threading.Thread(target=blocked)
-        t.start()
-        assert waiting.wait(HANG)
-        stop.set()
-        limiter.wake()
-        t.join(HANG)
-        assert isinstance(outcome[0], RuntimeError)
-        assert limiter.snapshot()["count"] == 0
+    limiter.send_width = 1_000
+    made = Tickets(limiter)
+    for i in range(400):
+        made.submit(f"full{i}", estimate=1)
+    assert limiter.snapshot()["count"] == 0
+    waiting = Tickets(limiter)
+    waiting.submit("blocked", owner="other", estimate=1)
+    assert limiter.snapshot()["waiting"] == 1 and not waiting.started
+    waiting.stop_all = RuntimeError("closed")
+    limiter.wake()
+    assert [n for n, _ in waiting.stopped] == ["blocked"] and not waiting.started
+    assert limiter.snapshot()["count"] == 0
+    for i in range(400):
+        made.done(f"full{i}")
     snap = limiter.snapshot()
     assert snap["count"] == 400 and snap["sample_bytes"] == limiter._budgets()[0].size
+    assert snap["waiting"] == 0
 
 
 def test_response_and_fwdbwd_budgets_admit_while_non_negative():

@@ -62,7 +62,7 @@ log = logging.getLogger("tinker_sync.executor")
 
 #: Default sizes per role (BEHAVIOR B54); change them with :func:`configure_threads`.
 DEFAULT_SIZES: dict[str, int] = {
-    "sample-submit": 32,
+    "sample-submit": 8,
     "sample-poll": 400,
     "train-submit": 32,
     "train-poll": 64,
@@ -90,8 +90,10 @@ class DaemonPool:
         self._wakeup = threading.Condition(self._lock)
         self._threads = 0
         self._idle = 0
+        self._running = 0
         self._counter = 0
         self._peak = 0
+        self._retiring = False
 
     @property
     def threads(self) -> int:
@@ -109,9 +111,13 @@ class DaemonPool:
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)``; start a worker if none is idle and the pool is not full."""
         with self._lock:
+            self._retiring = False
             self._jobs.append((fn, args))
-            if self._idle > len(self._jobs) - 1:
-                self._wakeup.notify()
+            # A worker that just finished a job is not idle yet but will take the next one:
+            # counting it avoids starting a thread the lane limits above would not need.
+            if self._threads - self._running >= len(self._jobs):
+                if self._idle:
+                    self._wakeup.notify()
                 return
             if self._threads < self.max_workers:
                 self._threads += 1
@@ -122,10 +128,22 @@ class DaemonPool:
             else:
                 self._wakeup.notify()
 
+    def retire_idle(self) -> None:
+        """Let idle workers exit now instead of after 30 s (until the next submit)."""
+        with self._lock:
+            self._retiring = True
+            self._wakeup.notify_all()
+
     def _work(self) -> None:
+        ran = False
         while True:
             with self._lock:
+                if ran:
+                    self._running -= 1
                 while not self._jobs:
+                    if self._retiring:
+                        self._threads -= 1
+                        return
                     self._idle += 1
                     woke = self._wakeup.wait(_IDLE_EXIT_S)
                     self._idle -= 1
@@ -133,6 +151,8 @@ class DaemonPool:
                         self._threads -= 1
                         return
                 fn, args = self._jobs.popleft()
+                self._running += 1
+                ran = True
             try:
                 fn(*args)
             except BaseException:  # jobs own their errors; this is a last resort
@@ -183,15 +203,19 @@ class BoundedLane:
         lane.submit(fetch, request_id)
 
     Up to ``limit`` drain jobs run on ``pool(role)``; each takes queued jobs until the queue is
-    empty, so a burst of 2,000 completions uses 16 threads, not 400.
+    empty, so a burst of 2,000 completions uses 16 threads, not 400. A ``fair`` lane runs one
+    job per turn and then queues its drain again at the back of the pool: lanes sharing a pool
+    (one per sampling tenant) take turns, so a long backlog in one never delays another's
+    next job by more than one job per busy drain.
     Thread-safe; in a forked child a lane starts empty (queued jobs belonged to the parent).
     """
 
-    def __init__(self, role: str, limit: int) -> None:
+    def __init__(self, role: str, limit: int, *, fair: bool = False) -> None:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         self.role = role
         self.limit = limit
+        self.fair = fair
         self._lock = make_lock()
         self._jobs: collections.deque[Job] = collections.deque()
         self._active = 0
@@ -225,6 +249,15 @@ class BoundedLane:
                 fn(*args)
             except BaseException:
                 log.exception("unhandled error in %s lane job %r", self.role, fn)
+            if self.fair:
+                with self._lock:
+                    if not self._jobs:
+                        self._active -= 1
+                        return
+                # One job per turn: the drain queues again behind every other lane's job on
+                # the pool, so lanes sharing a pool are served round-robin.
+                pool(self.role).submit(self._drain)
+                return
 
 
 class _Timer:
@@ -240,10 +273,12 @@ class _Timer:
         self._heap: list[tuple[float, int, str, Job]] = []
         self._seq = itertools.count()
         self._running = False
+        self._retiring = False
 
     def call_later(self, delay: float, role: str, fn: Callable[..., Any], *args: Any) -> None:
         due = self.clock.monotonic() + max(0.0, delay)
         with self._cond:
+            self._retiring = False
             heapq.heappush(self._heap, (due, next(self._seq), role, (fn, args)))
             self._cond.notify()
             if not self._running:
@@ -252,12 +287,18 @@ class _Timer:
                     target=self._run, name=f"tinker_sync-timer-{next(_timer_names)}", daemon=True
                 ).start()
 
+    def retire_idle(self) -> None:
+        with self._cond:
+            self._retiring = True
+            self._cond.notify_all()
+
     def _run(self) -> None:
         while True:
             ready: list[tuple[str, Job]] = []
             with self._cond:
                 if not self._heap:
-                    self._cond.wait(_IDLE_EXIT_S)  # real time: an idle timer moves no clock
+                    if not self._retiring:
+                        self._cond.wait(_IDLE_EXIT_S)  # real time: an idle timer moves no clock
                     if not self._heap:
                         self._running = False
                         return
@@ -322,6 +363,20 @@ def configure_threads(**sizes: int) -> None:
             if value < 1:
                 raise ValueError(f"{key} must be >= 1, got {value}")
             _sizes[role] = value
+
+
+def retire_idle_threads() -> None:
+    """Let every idle pool worker and empty timer exit now (the last client was closed).
+
+    Busy workers exit when their job is done and nothing is queued; any later submit keeps
+    its pool alive again. Thread-safe.
+    """
+    with _pools_lock:
+        pools, timers = list(_pools.values()), list(_timers.values())
+    for p in pools:
+        p.retire_idle()
+    for timer in timers:
+        timer.retire_idle()
 
 
 def thread_counts() -> dict[str, int]:

@@ -457,6 +457,114 @@ class BillingPause:
 LoopObserver = Callable[[BaseException, Classification, int, float], object]
 
 
+class SubmissionRetry:
+    """The submission loop's decisions for one call, for a loop that sleeps or a dispatch that
+    parks (the sampling dispatcher resubmits from a timer instead of sleeping).
+
+    Usage::
+
+        retry = SubmissionRetry(clock=clock, hooks=hooks, what="sample")
+        try:
+            send()
+        except Exception as exc:
+            if retry.billing_pause(exc): ...      # pause BILLING_PAUSE_S, then retry.paused(s)
+            wait = retry.wait_after(exc)          # raises to give up (see submission_loop)
+
+    Not thread-safe: one call's attempts are sequential.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        budget_s: float = HOLDER_BUDGET_S,
+        billing: BillingPause | None = None,
+        billing_window_s: float = DEFAULT_BILLING_WINDOW_S,
+        hooks: Sequence[Hook] = (),
+        on_exception: LoopObserver | None = None,
+        max_retries: int | None = None,
+        stall_timeout: float | None = None,
+        reached: Callable[[], bool] | None = None,
+        what: str = "request",
+        stop: Callable[[], BaseException | None] | None = None,
+    ) -> None:
+        self.clock = clock
+        self.billing = billing if billing is not None else BillingPause(billing_window_s)
+        self.budget_s = stall_timeout if stall_timeout is not None else budget_s
+        self.hooks = hooks
+        self.on_exception = on_exception
+        self.max_retries = max_retries
+        self.stall_timeout = stall_timeout
+        self.reached = reached
+        self.what = what
+        self.stop = stop
+        self.start = clock.monotonic()
+        self.watch = StallWatch(clock, self.budget_s, what, since=self.start)
+        self.attempt = 0
+
+    def billing_pause(self, exc: BaseException) -> bool:
+        """True when ``exc`` is a 402 inside the billing window (pause, no attempt counted)."""
+        return (
+            isinstance(exc, APIStatusError)
+            and exc.status_code == 402
+            and self.billing.should_pause(self.clock.monotonic(), exc.message)
+        )
+
+    def paused(self, seconds: float) -> None:
+        """A billing pause of ``seconds`` is over: it consumed no budget."""
+        self.start += seconds
+        self.watch.useful()
+
+    def wait_after(self, exc: Exception) -> float:
+        """The wait before the next attempt after ``exc``; raises to give up (``exc`` itself,
+        a StalledError, or the ``stop()`` reason)."""
+        clock = self.clock
+        info = classify(exc)
+        now = clock.monotonic()
+        start, budget_s = self.start, self.budget_s
+        elapsed = now - start
+        if self.on_exception is not None:
+            try:
+                self.on_exception(exc, info, self.attempt, elapsed)
+            except Exception:
+                logger.warning("submission-loop observer failed", exc_info=True)
+        if not info.retryable or self.max_retries == 0 or exiting():
+            raise exc
+        if self.reached is not None and not self.reached():
+            raise exc
+        if info.status_code is None or info.status_code >= 500:
+            stalled = self.watch.unhealthy(exc) if self.stall_timeout is not None else None
+            if stalled is not None:
+                raise stalled from exc
+        else:
+            self.watch.useful()
+        if elapsed >= budget_s:
+            raise exc
+        reason = self.stop() if self.stop is not None else None
+        if reason is not None:
+            raise reason from exc
+        wait = min(holder_backoff(self.attempt), start + budget_s - now)
+        if wait <= 0:  # the budget is spent (float rounding can land a hair under it)
+            raise exc
+        self.attempt += 1
+        if self.attempt == 1:
+            logger.info(
+                "%s failed (%s); retrying for up to %.0f s more",
+                self.what,
+                describe_failure(exc),
+                start + budget_s - now,
+            )
+        emit_hook(
+            self.hooks,
+            "retry_scheduled",
+            layer="submission",
+            delay=wait,
+            reason=info.kind if info.status_code is None else f"status {info.status_code}",
+            attempt=self.attempt,
+        )
+        return wait
+
+
 def submission_loop(
     fn: Callable[[], T],
     *,
@@ -471,6 +579,7 @@ def submission_loop(
     reached: Callable[[], bool] | None = None,
     what: str = "request",
     stop: Callable[[], BaseException | None] | None = None,
+    retry: SubmissionRetry | None = None,
 ) -> T:
     """Call ``fn()`` until it succeeds, mirroring the official holder loop
     (docs/design/behavior.md#submission-loop).
@@ -491,69 +600,35 @@ def submission_loop(
     * ``on_exception(exc, classification, attempt, elapsed)`` sees every failure but billing
       pauses (telemetry); its exceptions are logged.
 
+    ``retry`` (from :meth:`Session.submission_retry`) replaces the keyword knobs.
+
     ``fn`` must reuse one :class:`RequestSpec` (one idempotency key) across calls
     (docs/design/behavior.md#idempotency-key).
     """
-    if billing is None:
-        billing = BillingPause(billing_window_s)
-    if stall_timeout is not None:
-        budget_s = stall_timeout
-    start = clock.monotonic()
-    watch = StallWatch(clock, budget_s, what, since=start)
-    attempt = 0
+    if retry is None:
+        retry = SubmissionRetry(
+            clock=clock,
+            budget_s=budget_s,
+            billing=billing,
+            billing_window_s=billing_window_s,
+            hooks=hooks,
+            on_exception=on_exception,
+            max_retries=max_retries,
+            stall_timeout=stall_timeout,
+            reached=reached,
+            what=what,
+            stop=stop,
+        )
+    clock = retry.clock
     while True:
         try:
             return fn()
         except Exception as exc:
-            if isinstance(exc, APIStatusError) and exc.status_code == 402:
+            if retry.billing_pause(exc):
                 pause_start = clock.monotonic()
-                if billing.should_pause(pause_start, exc.message):
-                    clock.sleep(BILLING_PAUSE_S, "billing-pause")
-                    start += clock.monotonic() - pause_start
-                    watch.useful()
-                    if exiting():
-                        raise
-                    continue
-            info = classify(exc)
-            now = clock.monotonic()
-            elapsed = now - start
-            if on_exception is not None:
-                try:
-                    on_exception(exc, info, attempt, elapsed)
-                except Exception:
-                    logger.warning("submission-loop observer failed", exc_info=True)
-            if not info.retryable or max_retries == 0 or exiting():
-                raise
-            if reached is not None and not reached():
-                raise
-            if info.status_code is None or info.status_code >= 500:
-                stalled = watch.unhealthy(exc) if stall_timeout is not None else None
-                if stalled is not None:
-                    raise stalled from exc
-            else:
-                watch.useful()
-            if elapsed >= budget_s:
-                raise
-            reason = stop() if stop is not None else None
-            if reason is not None:
-                raise reason from exc
-            wait = min(holder_backoff(attempt), start + budget_s - now)
-            if wait <= 0:  # the budget is spent (float rounding can land a hair under it)
-                raise
-            attempt += 1
-            if attempt == 1:
-                logger.info(
-                    "%s failed (%s); retrying for up to %.0f s more",
-                    what,
-                    describe_failure(exc),
-                    start + budget_s - now,
-                )
-            emit_hook(
-                hooks,
-                "retry_scheduled",
-                layer="submission",
-                delay=wait,
-                reason=info.kind if info.status_code is None else f"status {info.status_code}",
-                attempt=attempt,
-            )
-            clock.sleep(wait, "submission-retry")
+                clock.sleep(BILLING_PAUSE_S, "billing-pause")
+                retry.paused(clock.monotonic() - pause_start)
+                if exiting():
+                    raise
+                continue
+            clock.sleep(retry.wait_after(exc), "submission-retry")

@@ -39,11 +39,16 @@ from tinker_sync._auth import make_auth
 from tinker_sync._clock import SYSTEM_CLOCK, Clock, exiting
 from tinker_sync._config import PROTOCOL_VERSION, ClientConfig, DynamicConfig, ServerConfig, Timeout
 from tinker_sync._credentials import StaticKeyAuth
-from tinker_sync._fork import make_lock
+from tinker_sync._fork import make_lock, register_after_fork
 from tinker_sync._health import Health
 from tinker_sync._pollhold import PollHold
 from tinker_sync._ratelimit import Limiter, limiter_for
-from tinker_sync._retry import BillingPause, send_with_retries, submission_loop
+from tinker_sync._retry import (
+    BillingPause,
+    SubmissionRetry,
+    send_with_retries,
+    submission_loop,
+)
 from tinker_sync._telemetry import Telemetry
 from tinker_sync._transport import Hook, Pool, Reply, RequestSpec, Transport
 from tinker_sync.exceptions import (
@@ -55,6 +60,25 @@ from tinker_sync.exceptions import (
 
 log = logging.getLogger("tinker_sync.session")
 T = TypeVar("T")
+
+_open_sessions = 0  # started and not closed, in this process
+_open_lock = make_lock()
+
+
+def _count_open(delta: int) -> int:
+    """Adjust and return the number of started, unclosed sessions in this process."""
+    global _open_sessions
+    with _open_lock:
+        _open_sessions = max(0, _open_sessions + delta)
+        return _open_sessions
+
+
+def _forget_open_sessions() -> None:
+    global _open_sessions
+    _open_sessions = 0  # a forked child starts its own sessions
+
+
+register_after_fork(_forget_open_sessions)
 
 HEARTBEAT_INTERVAL_S = 10.0
 HEARTBEAT_WARN_AFTER_S = 120.0
@@ -201,6 +225,7 @@ class Session:
             raise
         with self._lock:
             self._started = True
+        _count_open(+1)
         starting.set_result(None)
 
     def _adopt_child(self) -> None:
@@ -364,8 +389,13 @@ class Session:
         HTTP layer's retries; otherwise retries last until ``stall_timeout`` passes without a
         useful answer (then StalledError naming ``what``); ``stop()`` may end it sooner.
         """
-        return submission_loop(
-            fn,
+        return submission_loop(fn, retry=self.submission_retry(what, stop))
+
+    def submission_retry(
+        self, what: str, stop: Callable[[], BaseException | None] | None = None
+    ) -> SubmissionRetry:
+        """The submission loop's decisions with this client's knobs (see :meth:`retry_loop`)."""
+        return SubmissionRetry(
             clock=self.clock,
             billing=self.billing,
             hooks=self.hooks,
@@ -537,6 +567,14 @@ class Session:
             if self._transport is not None and not self.in_forked_child():
                 self._transport.close()
             self._join_background(CLOSE_JOIN_TIMEOUT_S)
+            if self._started and not self.in_forked_child() and _count_open(-1) == 0:
+                # The last client of this process is closed: idle pool workers and timers
+                # exit now instead of lingering 30 s.
+                from tinker_sync._executor import retire_idle_threads
+                from tinker_sync._ratelimit import close_shared_files
+
+                retire_idle_threads()
+                close_shared_files()
 
     def _join_background(self, timeout: float) -> None:
         """Wait (bounded) for the heartbeat and timer threads to notice the stop and exit.

@@ -62,7 +62,7 @@ import numpy as np
 from tinker_sync import _pending
 from tinker_sync._asyncio import awaiting_alias, direct_alias
 from tinker_sync._clock import Clock
-from tinker_sync._executor import Claimable, call_later, pool
+from tinker_sync._executor import BoundedLane, Claimable, call_later, pool
 from tinker_sync._fork import make_lock, register_after_fork
 from tinker_sync._futures import APIFuture
 from tinker_sync._health import StallWatch
@@ -70,8 +70,8 @@ from tinker_sync._polldecide import Decision
 from tinker_sync._poller import SessionFuturesPoller, cancel_queue_for
 from tinker_sync._polling import Poll
 from tinker_sync._queuestate import QueueStateReporter
-from tinker_sync._ratelimit import LARGE_PROMPT_BYTES, Limiter, Stopped
-from tinker_sync._retry import parse_retry_after
+from tinker_sync._ratelimit import LARGE_PROMPT_BYTES, Limiter, Stopped, Ticket
+from tinker_sync._retry import SubmissionRetry, parse_retry_after
 from tinker_sync._transport import (
     Pool,
     RequestSpec,
@@ -619,7 +619,10 @@ class SamplingClient:
         self._session.check_open()
         self._ensure_process()
         job = _SampleJob(self, body, _estimate(prompt), finish, current_sdk_method.get(), retry)
-        job.queue("sample-submit", job.begin)
+        if self._session.started and self._clone_id is not None:
+            job.admit()  # nothing to wait for: queue for dispatch from this thread, no hand-off
+        else:
+            job.queue("sample-submit", job.begin)  # session start / clone join do I/O
         return job.fut
 
     # ---------------------------------------------------------------- pickling and handles
@@ -731,6 +734,10 @@ class _SampleJob:
         self.handler: _RetryHandler | None = None
         self.limiter: Limiter | None = None
         self.poller: SessionFuturesPoller | None = None
+        self.ticket: Ticket | None = None
+        self.spec: RequestSpec | None = None
+        self.created_at = 0.0
+        self.submit_retry: SubmissionRetry | None = None
         self._lock = threading.Lock()
         self.request_id: str | None = None
         self._cancel_sent: set[str] = set()
@@ -772,7 +779,7 @@ class _SampleJob:
         """Runs in the cancelling thread once ``fut.cancel()`` succeeded (B25)."""
         limiter = self.limiter
         if limiter is not None:
-            limiter.wake()  # a job waiting on a gate or the backoff re-checks and stops
+            limiter.wake(everything=False)  # a held ticket stops now, a queued one at its turn
         with self._lock:
             request_id = self.request_id
         if request_id is None:
@@ -791,14 +798,17 @@ class _SampleJob:
 
     # ---------------------------------------------------------------- steps
 
-    def queue(self, role: str, step: Callable[[], None]) -> None:
-        """Run ``step`` on ``pool(role)``, or in a thread already waiting in ``fut.result()``."""
+    def queue(self, role: str, step: Callable[[], None], lane: BoundedLane | None = None) -> None:
+        """Run ``step`` on ``pool(role)`` (or ``lane``), or in a thread waiting in ``result()``."""
         if self.fut._waited_on_here():
             step()  # the waiting thread is running this job: go on, nobody to hand over to
             return
         claimable = Claimable(step)
         self.fut._offer(claimable)
-        pool(role).submit(claimable.run)
+        if lane is not None:
+            lane.submit(claimable.run)
+        else:
+            pool(role).submit(claimable.run)
 
     def begin(self) -> None:
         """First step (sample-submit): session start, clone id, then a concurrency slot."""
@@ -814,8 +824,16 @@ class _SampleJob:
                         "ServiceClient with pickle_credentials=True."
                     ) from None
                 raise
-            self.limiter = self.session.limiter
             self.client._ensure_clone()
+        except BaseException as exc:
+            self.fut._fail(exc)
+            return
+        self.admit()
+
+    def admit(self) -> None:
+        """Take a concurrency slot, or park (no thread) until one frees up."""
+        try:
+            self.limiter = self.session.limiter
             self.handler = self.client._retry_handler()
         except BaseException as exc:
             self.fut._fail(exc)
@@ -826,13 +844,13 @@ class _SampleJob:
             self.attempt_once()
 
     def attempt_once(self) -> None:
-        """Submit under a fresh seq_id (gates held until accepted), then wait for the result."""
+        """Queue a submission under a fresh seq_id with the tenant's dispatcher (no waiting)."""
         stop = self.stop_reason()
         if stop is not None:
             self.finish(None, stop)
             return
         seq_id = self.client._take_seq_id()
-        spec = RequestSpec(
+        self.spec = RequestSpec(
             method="POST",
             path="/api/v1/asample",
             pool=Pool.SAMPLE,
@@ -841,15 +859,89 @@ class _SampleJob:
             max_retries=0,
             sdk_method=self.sdk_method,
         )
-        created_at = self.session.clock.monotonic()
+        self.created_at = self.session.clock.monotonic()
+        self.submit_retry = None  # the submission loop's state for this seq_id, on first send
+        limiter = self.limiter
+        assert limiter is not None
+        self.ticket = Ticket(
+            owner=id(self.client),  # the round-robin unit (an int: keeps no client alive)
+            estimate=self.estimate,
+            start=self._start_send,
+            on_stop=self._stopped_waiting,
+            stop_reason=self.stop_reason,
+        )
+        limiter.enqueue(self.ticket)
+
+    def _start_send(self) -> None:
+        limiter = self.limiter
+        assert limiter is not None
+        self.queue("sample-submit", self._send, lane=limiter.sender)
+
+    def _stopped_waiting(self, exc: BaseException) -> None:
+        self.finish(None, exc)
+
+    def _send(self) -> None:
+        """One send of the held ticket: re-check stop and deadline, POST, then settle.
+
+        A 429 (or a 402 inside the billing window) moves the tenant's deadline and parks the
+        ticket again with its gates and seq_id; a retryable failure parks it on the timer for
+        the submission loop's delay. Nothing here waits.
+        """
+        from tinker_sync._retry import send_with_retries
+
+        limiter, ticket, session = self.limiter, self.ticket, self.session
+        assert limiter is not None and ticket is not None and self.spec is not None
+        clock = session.clock
+        stop = self.stop_reason()
+        if stop is not None:
+            limiter.release(ticket)
+            self.finish(None, stop)
+            return
+        if limiter.backoff_remaining() > 0:  # another client or process backed off meanwhile
+            limiter.hold(ticket)
+            return
+        if self.submit_retry is None:
+            self.submit_retry = session.submission_retry("sample", stop=self.stop_reason)
         try:
-            accepted = self._dispatch(spec)
-        except Stopped as stopped:
-            self.finish(None, stopped.exc)
+            reply = send_with_retries(session.transport, self.spec, max_retries=0)
+            accepted = from_json(UntypedAPIFuture, reply.json())
+        except APIStatusError as exc:
+            if exc.status_code == 429 or (
+                exc.status_code == 402
+                and session.billing.should_pause(clock.monotonic(), exc.message)
+            ):
+                delay = parse_retry_after(exc.response.headers, clock.time())
+                if delay is None:
+                    delay = 5.0 if self.estimate > LARGE_PROMPT_BYTES else 1.0
+                limiter.set_backoff(delay, f"{exc.status_code} on asample", session.hooks)
+                limiter.hold(ticket)  # same seq_id, same gates, after the deadline
+                return
+            self._submit_failed(exc)
+            return
+        except Exception as exc:
+            self._submit_failed(exc)
             return
         except BaseException as exc:
+            limiter.release(ticket)
             self.finish(None, exc)
             return
+        limiter.release(ticket)
+        self._accepted(accepted)
+
+    def _submit_failed(self, exc: Exception) -> None:
+        """The submission loop's retry (same seq_id, gates kept), parked on the timer."""
+        limiter, ticket, retry = self.limiter, self.ticket, self.submit_retry
+        assert limiter is not None and ticket is not None and retry is not None
+        try:
+            wait = retry.wait_after(exc)
+        except BaseException as final:
+            limiter.release(ticket)
+            self.finish(None, final)
+            return
+        call_later(self.session.clock, wait, "sample-submit", limiter.hold, ticket)
+
+    def _accepted(self, accepted: UntypedAPIFuture) -> None:
+        """The server took the request: wait for its result (poll or session poller)."""
         request_id = accepted.request_id
         with self._lock:
             self.request_id = request_id
@@ -859,6 +951,7 @@ class _SampleJob:
             self._server_cancel(request_id)
             self.finish(None, _Cancelled())
             return
+        created_at = self.created_at
         poller = self.client._futures_poller()
         if poller is None:
             poll = self._poll(request_id, sequence_ids, created_at, allow_metadata_only=True)
@@ -900,36 +993,6 @@ class _SampleJob:
             sampling=True,
             allow_metadata_only=allow_metadata_only,
         )
-
-    def _dispatch(self, spec: RequestSpec) -> UntypedAPIFuture:
-        """Gates (B12) -> shared backoff (B13) -> send; 429 / billing 402 resend the seq_id."""
-        from tinker_sync._retry import send_with_retries
-
-        session = self.session
-        limiter = session.limiter
-        transport = session.transport
-        clock = session.clock
-
-        def send() -> UntypedAPIFuture:
-            while True:
-                limiter.wait_backoff(self.stop_reason)
-                try:
-                    reply = send_with_retries(transport, spec, max_retries=0)
-                except APIStatusError as exc:
-                    if exc.status_code != 429 and not (
-                        exc.status_code == 402
-                        and session.billing.should_pause(clock.monotonic(), exc.message)
-                    ):
-                        raise
-                    delay = parse_retry_after(exc.response.headers, clock.time())
-                    if delay is None:
-                        delay = 5.0 if self.estimate > LARGE_PROMPT_BYTES else 1.0
-                    limiter.set_backoff(delay, f"{exc.status_code} on asample", session.hooks)
-                    continue
-                return from_json(UntypedAPIFuture, reply.json())
-
-        with limiter.dispatch(self.estimate, self.stop_reason):
-            return session.retry_loop(send, "sample", stop=self.stop_reason)
 
     # ---------------------------------------------------------------- settling
 

@@ -1,0 +1,205 @@
+"""The sampling backoff deadline shared by every process of one user on one machine.
+
+Usage::
+
+    shared = open_shared_deadline(normalized_base_url, credential_identity)   # or None
+    if shared is not None:
+        shared.publish(wall_deadline)          # after a 429 (only ever moves forward)
+        wall = shared.read()                   # before each dispatch; None when absent/invalid
+
+Why: eight data-loader processes with one API key are one tenant to the server. When one of
+them is told to back off, the seven others should stop too instead of collecting more 429s.
+
+The file: one tiny memory-mapped file per tenant, named by a SHA-256 of the normalized base
+URL and the credential identity (itself a SHA-256; never the key), in a per-user runtime
+directory: ``$TINKER_SYNC_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/tinker_sync``, else
+``<tempdir>/tinker_sync-<uid>``. The directory must be ours and closed to others (0700).
+The record is 24 bytes: magic, version, the deadline as wall-clock seconds (processes do not
+share a monotonic clock origin on every platform) and a checksum. Writers serialise on
+``flock`` and write the record with one slice assignment; readers take no lock and ignore a
+torn or corrupt record, so a writer that crashed mid-write costs one lost deadline, never a
+stuck reader. Stale deadlines are simply in the past; deadlines implausibly far ahead
+(:data:`MAX_SHARED_WAIT_S`) are ignored.
+
+Failing soft: no ``fcntl``/``mmap``, a missing or read-only directory, a foreign owner, or
+``TINKER_SYNC_SHARED_BACKOFF=0`` give None: the backoff is then per process (logged once at
+debug level). Thread safety: ``read``/``publish`` are thread-safe. Fork safety: a forked
+child inherits the mapping, which stays valid and shared; the limiter registry opens its own
+after fork anyway. Spawned and forkserver children open the file by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import mmap
+import os
+import stat
+import struct
+import tempfile
+import threading
+
+log = logging.getLogger("tinker_sync.ratelimit")
+
+ENV_DIR = "TINKER_SYNC_RUNTIME_DIR"
+ENV_SWITCH = "TINKER_SYNC_SHARED_BACKOFF"
+MAGIC = b"TSBO"
+VERSION = 1
+_RECORD = struct.Struct("<4sIdQ")  # magic, version, wall deadline, checksum
+RECORD_SIZE = _RECORD.size
+#: A shared deadline further ahead than this is garbage (Retry-After is honoured up to 60 s).
+MAX_SHARED_WAIT_S = 61.0
+_READ_ATTEMPTS = 3
+
+_warned = False
+_warned_lock = threading.Lock()
+
+
+def _checksum(deadline: float) -> int:
+    digest = hashlib.blake2b(MAGIC + struct.pack("<Id", VERSION, deadline), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def encode(deadline: float) -> bytes:
+    """The 24-byte record of a wall-clock deadline."""
+    return _RECORD.pack(MAGIC, VERSION, deadline, _checksum(deadline))
+
+
+def decode(raw: bytes) -> float | None:
+    """The deadline in a record, or None when it is empty, torn or corrupt."""
+    if len(raw) != RECORD_SIZE:
+        return None
+    magic, version, deadline, check = _RECORD.unpack(raw)
+    if magic != MAGIC or version != VERSION or check != _checksum(deadline):
+        return None
+    return float(deadline)
+
+
+def tenant_file_name(normalized_base_url: str, credential_identity: str) -> str:
+    """``<sha256 of url and identity>.backoff`` (the key itself never appears)."""
+    digest = hashlib.sha256(f"{normalized_base_url}\n{credential_identity}".encode()).hexdigest()
+    return f"{digest[:40]}.backoff"
+
+
+def runtime_dir() -> str | None:
+    """The per-user directory for shared state (not created here); None when unknown."""
+    explicit = os.environ.get(ENV_DIR)
+    if explicit:
+        return explicit
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return os.path.join(xdg, "tinker_sync")
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:
+        return None
+    return os.path.join(tempfile.gettempdir(), f"tinker_sync-{getuid()}")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _fallback(reason: str) -> None:
+    global _warned
+    with _warned_lock:
+        if _warned:
+            return
+        _warned = True
+    log.debug("sampling backoff is per process: %s", reason)
+
+
+class SharedDeadline:
+    """The mapped record of one tenant. Create with :func:`open_shared_deadline`."""
+
+    def __init__(self, path: str, fd: int, mapped: mmap.mmap) -> None:
+        self.path = path
+        self._fd = fd
+        self._map = mapped
+        self._lock = threading.Lock()  # flock is per open file: serialise our own threads too
+
+    def read(self) -> float | None:
+        """The published wall-clock deadline, or None (absent, torn, corrupt or closed)."""
+        with self._lock:
+            return self._read_locked()
+
+    def _read_locked(self) -> float | None:
+        if self._map.closed:
+            return None
+        for _ in range(_READ_ATTEMPTS):
+            value = decode(self._map[:RECORD_SIZE])
+            if value is not None:
+                return value
+        return None
+
+    def publish(self, deadline: float) -> float:
+        """Move the shared deadline to ``deadline`` unless it is later; returns the result."""
+        import fcntl
+
+        with self._lock:
+            if self._map.closed:
+                return deadline
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                current = self._read_locked()
+                if current is not None and current >= deadline:
+                    return current
+                self._map[:RECORD_SIZE] = encode(deadline)
+                return deadline
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Unmap and close the file (idempotent); later reads see nothing."""
+        with self._lock:
+            if self._map.closed:
+                return
+            try:
+                self._map.close()
+            finally:
+                os.close(self._fd)
+
+
+def open_shared_deadline(
+    normalized_base_url: str, credential_identity: str
+) -> SharedDeadline | None:
+    """Open (creating if needed) the tenant's record; None means "per process" (see module)."""
+    if not enabled():
+        return None
+    try:
+        import fcntl  # POSIX only
+    except ImportError:
+        _fallback("no fcntl on this platform")
+        return None
+    directory = runtime_dir()
+    if directory is None:
+        _fallback("no per-user runtime directory")
+        return None
+    try:
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        info = os.lstat(directory)
+        if not stat.S_ISDIR(info.st_mode):
+            raise OSError(f"{directory} is not a directory")
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise OSError(f"{directory} is not owned by this user or is writable by others")
+        path = os.path.join(directory, tenant_file_name(normalized_base_url, credential_identity))
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        _fallback(f"cannot use the runtime directory ({exc.strerror or exc})")
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.fstat(fd).st_size < RECORD_SIZE:
+                os.ftruncate(fd, RECORD_SIZE)  # zeros: a record that decodes as "absent"
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        mapped = mmap.mmap(fd, RECORD_SIZE)
+    except (OSError, ValueError) as exc:
+        os.close(fd)
+        _fallback(f"cannot map {os.path.basename(path)} ({exc})")
+        return None
+    return SharedDeadline(path, fd, mapped)
