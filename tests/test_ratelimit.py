@@ -98,6 +98,7 @@ class Tickets:
 
     def done(self, name: str) -> None:
         self.limiter.release(self.tickets[name])
+        self.limiter.sender_done(self.tickets[name])
 
 
 def until(predicate: Callable[[], bool]) -> None:

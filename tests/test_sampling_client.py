@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -800,3 +801,179 @@ def test_a_waiting_caller_runs_its_queued_sample_itself(server, make_client):
     me = threading.current_thread().name
     assert senders == [("/api/v1/asample", me), ("/api/v1/retrieve_future", me)]
     assert server.requests.count("asample") == 2  # nothing sent twice
+
+
+# ------------------------------------------------------------------------------ dispatch isolation
+
+
+def test_a_backed_off_key_with_a_backlog_never_delays_another_key(make_server, make_client):
+    """The issue's scenario: A (key 1) queues 700 samples and gets a 429 (Retry-After 60);
+    C (key 2) submits 50 right after. All of C's complete while A is still held: the server
+    saw exactly one request of A's meanwhile (no thread of the shared pool waits for A)."""
+    srv = make_server(api_key=None, faults=["asample 429 x1 retry_after=60"])
+    service_a = make_client(srv, api_key="tml-key-one")
+    a = sampler_of(service_a)
+    c = sampler_of(make_client(srv, api_key="tml-key-two"))
+    a_futures = [a.sample(PROMPT, 1, PARAMS) for _ in range(700)]
+    srv.requests.wait_for("asample", 1, timeout=HANG, status=429)
+    limiter = service_a._session.limiter
+    until(lambda: limiter.backoff_until > float("-inf"))
+    c_futures = [c.sample(PROMPT, 1, PARAMS) for _ in range(50)]
+    done, pending = concurrent.futures.wait(c_futures, timeout=HANG)
+    assert not pending and all(f.exception() is None for f in done)
+    a_sent = [
+        r for r in srv.requests.filter("asample") if r.json["sampling_session_id"] == a.sampler_id
+    ]
+    assert [r.status for r in a_sent] == [429]  # A is still backed off
+    assert not any(f.done() for f in a_futures)
+    service_a.close()  # A's parked samples fail at once, nothing else is sent
+    assert all(isinstance(f.exception(HANG), ClientClosedError) for f in a_futures)
+    assert (
+        len(
+            [
+                r
+                for r in srv.requests.filter("asample")
+                if r.json["sampling_session_id"] == a.sampler_id
+            ]
+        )
+        == 1
+    )
+
+
+def test_a_second_client_is_served_within_one_sender_behind_a_backlog(make_server, make_client):
+    """Two clients of one key: B's first sample is sent as soon as a sender frees up, not
+    after A's 3,000-sample backlog (checked in the order the server saw requests)."""
+    srv = make_server()
+    service = make_client(srv)
+    a, b = sampler_of(service), sampler_of(service)
+    b.sample(PROMPT, 1, PARAMS).result(HANG)  # both clients ready (clone ids known)
+    a.sample(PROMPT, 1, PARAMS).result(HANG)
+    width = service._session.limiter.send_width
+    assert width is not None
+    a_futures = [a.sample(PROMPT, 1, PARAMS) for _ in range(3000)]
+    seen_before = srv.requests.count("asample")
+    b_future = b.sample(PROMPT, 1, PARAMS)
+    assert b_future.result(HANG).sequences
+    log = [r.json["sampling_session_id"] for r in srv.requests.filter("asample")]
+    b_index = len(log) - 1 - log[::-1].index(b.sampler_id)
+    ahead = b_index - seen_before  # A's requests the server logged after B was submitted
+    # Only sends already under way when B arrived (one per sender) go first, plus those the
+    # server was still answering at the snapshot (it logs a request once answered).
+    assert ahead <= 2 * width, (ahead, width)
+    done, pending = concurrent.futures.wait(a_futures, timeout=HANG * 2)
+    assert not pending and all(f.exception() is None for f in done)
+    assert len(set(asample_seq_ids(srv))) == 3002 + 1
+
+
+_SPAWNED = r"""
+import json, sys
+import tinker_sync
+from tinker_sync import types
+url, key = sys.argv[1], sys.argv[2]
+backoffs = []
+service = tinker_sync.ServiceClient(
+    base_url=url, api_key=key,
+    hooks=[lambda e: e.kind == "backoff_set" and backoffs.append(e["seconds"])],
+)
+sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+prompt, params = types.ModelInput.from_ints([1, 2, 3]), types.SamplingParams(max_tokens=2)
+sampler.sample(prompt, 1, params).result(60)
+print(json.dumps({"ready": sampler.sampler_id}), flush=True)
+for line in sys.stdin:
+    n = int(line)
+    if n == 0:
+        break
+    futures = [sampler.sample(prompt, 1, params) for _ in range(n)]
+    for f in futures:
+        f.result(120)
+    print(json.dumps({"done": n, "backoffs": backoffs}), flush=True)
+service.close()
+"""
+
+
+def _spawn(srv: LocalServer, count: int, env: dict[str, str]) -> list[subprocess.Popen[str]]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SPAWNED, srv.url, srv.api_key or ""],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": REPO, **env},
+        )
+        for _ in range(count)
+    ]
+    return procs
+
+
+def _tell(proc: subprocess.Popen[str], n: int) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(f"{n}\n")
+    proc.stdin.flush()
+
+
+def _hear(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, "a sampling process died"
+    return dict(json.loads(line))
+
+
+def _finish(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                _tell(proc, 0)
+                proc.wait(HANG)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+
+
+def test_four_spawned_processes_share_one_backoff_deadline(make_server):
+    """Four processes of one key: after one gets a 429 (Retry-After 2), the three others send
+    nothing until that deadline (server arrival times bound the deadline from below)."""
+    srv = make_server()
+    procs = _spawn(srv, 4, {})
+    try:
+        ids = [_hear(p)["ready"] for p in procs]
+        srv.faults.add(f"asample 429 x1 retry_after=2 match.sampling_session_id={ids[0]}")
+        _tell(procs[0], 1)
+        assert _hear(procs[0])["backoffs"] == [2.0]
+        (hit,) = srv.requests.filter("asample", status=429)
+        for proc in procs[1:]:
+            _tell(proc, 5)
+        for proc in procs[1:]:
+            assert _hear(proc) == {"done": 5, "backoffs": []}  # nobody else saw a 429
+        others = [
+            r
+            for r in srv.requests.filter("asample")
+            if r.json["sampling_session_id"] in ids[1:] and r.time > hit.time
+        ]
+        assert len(others) == 15
+        assert min(r.time for r in others) >= hit.time + 2.0 - 0.02
+    finally:
+        _finish(procs)
+
+
+def test_the_shared_backoff_can_be_turned_off(make_server):
+    """TINKER_SYNC_SHARED_BACKOFF=0: another process keeps sampling through a 60 s backoff."""
+    srv = make_server()
+    procs = _spawn(srv, 2, {"TINKER_SYNC_SHARED_BACKOFF": "0"})
+    try:
+        ids = [_hear(p)["ready"] for p in procs]
+        srv.faults.add(f"asample 429 x1 retry_after=60 match.sampling_session_id={ids[0]}")
+        _tell(procs[0], 1)
+        srv.requests.wait_for("asample", 1, timeout=HANG, status=429)
+        _tell(procs[1], 5)
+        assert _hear(procs[1]) == {"done": 5, "backoffs": []}
+        first = [
+            r.status
+            for r in srv.requests.filter("asample")
+            if r.json["sampling_session_id"] == ids[0]
+        ]
+        assert first == [200, 429]  # the first process is still held meanwhile
+        assert not list(Path(os.environ["TINKER_SYNC_RUNTIME_DIR"]).glob("*.backoff"))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

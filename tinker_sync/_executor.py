@@ -19,13 +19,12 @@ never delay exit. Overflow queues FIFO. Jobs must never wait on a job of their o
 =================  =====  ==============================================================
 role               size   what runs there
 =================  =====  ==============================================================
-``sample-submit``  32     one ``sample()`` dispatch at a time: gates, shared backoff, the
-                          ``asample`` request; released on acceptance. Submissions are
-                          short, so a small pool suffices (a deliberate change from the
-                          400 of B54: the dispatch gate of 400 still bounds them when the
-                          pool is configured larger).
+``sample-submit``  8      sampling sends: each tenant's fair lane (:class:`BoundedLane`)
+                          runs one ``asample`` at a time per worker; a sample waiting for
+                          a gate or the backoff deadline is parked in its limiter and holds
+                          no thread. Timer jobs (retries, backoff ends) land here too.
 ``sample-poll``    400    per-future long polls of samples (poller off); with the session
-                          futures poller on, only payload fetches, at most 16 per poller
+                          futures poller on, only payload fetches, at most 10 per poller
                           (:class:`BoundedLane`), so pending samples hold no thread.
 ``train-submit``   32     parallel forward/backward chunk sends.
 ``train-poll``     64     training future polls.
@@ -36,9 +35,11 @@ role               size   what runs there
 
 Per session: heartbeat and timer threads; per sampler with ``sample_use_retrieve_futures``
 on, one ``tinker_sync-futures-poller`` thread (exits when idle); per TrainingClient one sender.
-So 1,000 pending samples through the session poller need about 50 threads in all, and 2,000
-without it at most 400 polling threads plus the submitters. :func:`configure_threads` changes
-the sizes before first use.
+So 1,000 pending samples through the session poller need at most 24 SDK threads (8 senders,
+10 fetchers, poller, heartbeat, two timers), and 2,000 without it at most 400 polling threads
+plus the senders. Idle workers exit after 30 s, or at once when the process's last client is
+closed (:func:`retire_idle_threads`). :func:`configure_threads` changes the sizes before first
+use.
 
 Thread safety: every function and method may be called from any thread. Fork safety: in a
 forked child the pools, lanes' counters and timers are forgotten (their threads did not survive)

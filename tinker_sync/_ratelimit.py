@@ -10,6 +10,7 @@ Usage::
     if limiter.backoff_remaining() > 0: limiter.hold(ticket)   # parked again, gates kept
     ...POST...; on 429: limiter.set_backoff(d, "429"); limiter.hold(ticket)
     limiter.release(ticket)          # accepted or failed: the gates go to the next ticket
+    limiter.sender_done(ticket)      # the send step returned: the next ticket may start
 
 **Scope (a deliberate difference from the official SDK).** The official SDK keeps one backoff
 per ServiceClient. Here every client in the process that talks to the same normalized base URL
@@ -96,12 +97,12 @@ class Ticket:
     """
 
     __slots__ = (
-        "active",
         "backed_off",
         "cost",
         "estimate",
         "on_stop",
         "owner",
+        "sending",
         "start",
         "stop_reason",
     )
@@ -122,7 +123,7 @@ class Ticket:
         self.stop_reason = stop_reason
         self.cost: int | None = None  # bytes charged; None while the gates are not held
         self.backed_off = False  # holds a permit of the backed-off count gate
-        self.active = False  # started and not yet released or held again
+        self.sending = 0  # starts whose send step has not returned yet (sender_done)
 
 
 class Limiter:
@@ -311,19 +312,16 @@ class Limiter:
     def hold(self, ticket: Ticket) -> None:
         """Park a ticket that keeps its gates (after a 429, or to wait for the deadline)."""
         with self._lock:
-            if ticket.active:
-                ticket.active = False
-                self._active -= 1
             self._held.append(ticket)
         self.pump()
 
     def release(self, ticket: Ticket) -> None:
-        """Return a ticket's gates (idempotent) and admit the next tickets."""
+        """Return a ticket's gates (idempotent) and admit the next tickets.
+
+        The ticket keeps its sender slot until :meth:`sender_done` (its send step returned).
+        """
         sample_bytes, _, _ = self._budgets()
         with self._lock:
-            if ticket.active:
-                ticket.active = False
-                self._active -= 1
             if ticket.cost is None:
                 return
             sample_bytes.remaining += ticket.cost
@@ -332,6 +330,15 @@ class Limiter:
             if ticket.backed_off:
                 ticket.backed_off = False
                 self._backed_off_count += 1
+        self.pump()
+
+    def sender_done(self, ticket: Ticket) -> None:
+        """The ticket's send step has returned: its sender may take the next ticket."""
+        with self._lock:
+            if ticket.sending <= 0:
+                return
+            ticket.sending -= 1
+            self._active -= 1
         self.pump()
 
     def pump(self) -> None:
@@ -349,7 +356,7 @@ class Limiter:
                     self._held.clear()
                     self._active += len(starts)
                     for ticket in starts:
-                        ticket.active = True
+                        ticket.sending += 1
                 else:
                     self._schedule_locked(now)
         for ticket, exc in stops:

@@ -141,7 +141,8 @@ class SharedDeadline:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
                 current = self._read_locked()
-                if current is not None and current >= deadline:
+                # A record implausibly far beyond ours (a clock jump, garbage) is overwritten.
+                if current is not None and deadline <= current <= deadline + MAX_SHARED_WAIT_S:
                     return current
                 self._map[:RECORD_SIZE] = encode(deadline)
                 return deadline

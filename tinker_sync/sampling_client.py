@@ -8,18 +8,21 @@ Usage::
 
 How one ``sample()`` travels (nothing blocks the caller; no lock is held across I/O, B10):
 
-1. Validation in the caller's thread (``ValueError`` / ``TypeError``), then a job on the
-   ``sample-submit`` pool.
+1. Validation in the caller's thread (``ValueError`` / ``TypeError``). Once the session is
+   started and the clone id known, the sample is queued from the caller's thread; before
+   that, a job on the ``sample-submit`` pool does the start-up first.
 2. The retry handler's concurrency slot (B15): server ``sample_max_concurrent_requests`` (an
    explicit ``RetryConfig.max_connections`` is capped by it), unlimited while the session
    futures poller is in use. A job waiting for a slot holds no thread.
-3. The shared dispatch gates of the (base URL, credential) limiter (400 in flight, 10 while
-   recently backed off, a byte budget), then the shared backoff deadline (B12, B13). The
-   ``asample`` request goes out with ``X-Tinker-Sampling-Backpressure: 1`` and 0 HTTP retries
-   inside the submission loop. A 429, or a 402 inside the billing window, moves the deadline
-   for every client of that tenant in the process (Retry-After when in (0, 60] s, else 1 s, or
-   5 s for prompts over 128 KiB) and resends with the same seq_id. The gates are released
-   when the server accepts the request.
+3. The dispatcher of the (base URL, credential) limiter (docs/limiter.md): one FIFO queue per
+   client, served round-robin when a sender is free and the gates allow (400 in flight, 10
+   while recently backed off, a byte budget); then held, without a thread, until the shared
+   backoff deadline (set by any client of the tenant, in this process or another) has
+   passed. The ``asample`` request goes out on the tenant's own lane of sender threads with
+   ``X-Tinker-Sampling-Backpressure: 1`` and 0 HTTP retries. A 429, or a 402 inside the
+   billing window, moves the deadline for every client of that tenant (Retry-After when in
+   (0, 60] s, else 1 s, or 5 s for prompts over 128 KiB) and parks the request again with
+   the same seq_id. The gates are released when the server accepts the request.
 4. The result: a per-future long poll on ``sample-poll``, or, when server
    ``sample_use_retrieve_futures`` is on, one session poller thread per (sampler, clone)
    that wakes the waiter, after which the payload is fetched on a bounded lane (B24).
@@ -885,8 +888,17 @@ class _SampleJob:
 
         A 429 (or a 402 inside the billing window) moves the tenant's deadline and parks the
         ticket again with its gates and seq_id; a retryable failure parks it on the timer for
-        the submission loop's delay. Nothing here waits.
+        the submission loop's delay. Nothing here waits. The sender slot is freed when this
+        step returns, so a started ticket never queues behind another for a thread.
         """
+        limiter, ticket = self.limiter, self.ticket
+        assert limiter is not None and ticket is not None
+        try:
+            self._send_once()
+        finally:
+            limiter.sender_done(ticket)
+
+    def _send_once(self) -> None:
         from tinker_sync._retry import send_with_retries
 
         limiter, ticket, session = self.limiter, self.ticket, self.session
