@@ -808,8 +808,8 @@ def test_a_waiting_caller_runs_its_queued_sample_itself(server, make_client):
 
 def test_a_backed_off_key_with_a_backlog_never_delays_another_key(make_server, make_client):
     """The issue's scenario: A (key 1) queues 700 samples and gets a 429 (Retry-After 60);
-    C (key 2) submits 50 right after. All of C's complete while A is still held: the server
-    saw exactly one request of A's meanwhile (no thread of the shared pool waits for A)."""
+    C (key 2) submits 50 right after. All of C's complete while A is still held: the server saw
+    from A only the sends that were already under way when the 429 came (one per sender)."""
     srv = make_server(api_key=None, faults=["asample 429 x1 retry_after=60"])
     service_a = make_client(srv, api_key="tml-key-one")
     a = sampler_of(service_a)
@@ -818,26 +818,27 @@ def test_a_backed_off_key_with_a_backlog_never_delays_another_key(make_server, m
     srv.requests.wait_for("asample", 1, timeout=HANG, status=429)
     limiter = service_a._session.limiter
     until(lambda: limiter.backoff_until > float("-inf"))
+    width = limiter.send_width
+    assert width is not None
     c_futures = [c.sample(PROMPT, 1, PARAMS) for _ in range(50)]
     done, pending = concurrent.futures.wait(c_futures, timeout=HANG)
     assert not pending and all(f.exception() is None for f in done)
-    a_sent = [
-        r for r in srv.requests.filter("asample") if r.json["sampling_session_id"] == a.sampler_id
-    ]
-    assert [r.status for r in a_sent] == [429]  # A is still backed off
-    assert not any(f.done() for f in a_futures)
+
+    def sent_by_a() -> list[int]:
+        return [
+            r.status
+            for r in srv.requests.filter("asample")
+            if r.json["sampling_session_id"] == a.sampler_id
+        ]
+
+    statuses = sent_by_a()
+    assert statuses.count(429) == 1 and len(statuses) <= width  # A is still backed off
+    assert sum(f.done() for f in a_futures) <= width - 1
     service_a.close()  # A's parked samples fail at once, nothing else is sent
-    assert all(isinstance(f.exception(HANG), ClientClosedError) for f in a_futures)
-    assert (
-        len(
-            [
-                r
-                for r in srv.requests.filter("asample")
-                if r.json["sampling_session_id"] == a.sampler_id
-            ]
-        )
-        == 1
-    )
+    failed = [f for f in a_futures if f.exception(HANG) is not None]
+    assert len(failed) >= 700 - (width - 1)
+    assert all(isinstance(f.exception(), ClientClosedError) for f in failed)
+    assert sent_by_a() == statuses
 
 
 def test_a_second_client_is_served_within_one_sender_behind_a_backlog(make_server, make_client):
@@ -862,7 +863,10 @@ def test_a_second_client_is_served_within_one_sender_behind_a_backlog(make_serve
     assert ahead <= 2 * width, (ahead, width)
     done, pending = concurrent.futures.wait(a_futures, timeout=HANG * 2)
     assert not pending and all(f.exception() is None for f in done)
-    assert len(set(asample_seq_ids(srv))) == 3002 + 1
+    sent = [
+        (r.json["sampling_session_id"], r.json["seq_id"]) for r in srv.requests.filter("asample")
+    ]
+    assert len(sent) == len(set(sent)) == 3001 + 2  # nothing sent twice
 
 
 _SPAWNED = r"""
