@@ -7,8 +7,6 @@ when it is not installed); the server is the stdlib ``http.server`` behind ``ssl
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 import threading
 from collections.abc import Iterator
@@ -22,68 +20,18 @@ from tinker_sync._config import ClientConfig
 from tinker_sync._credentials import StaticKeyAuth
 from tinker_sync._transport import Pool, RequestSpec, Transport
 from tinker_sync.exceptions import APIConnectError, RequestOutcome
+from tinker_sync.local import LocalServer
+from tinker_sync.local._tls import make_throwaway_pki
 
-x509 = pytest.importorskip("cryptography.x509")
-hashes = pytest.importorskip("cryptography.hazmat.primitives.hashes")
-serialization = pytest.importorskip("cryptography.hazmat.primitives.serialization")
-ec = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ec")
+pytest.importorskip("cryptography")
 
 KEY = "tml-tls-test-key-0123456789"
-
-
-def _cert(subject: str, issuer_key: Any, issuer: Any, key: Any, *, ca: bool) -> Any:
-    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, subject)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer or name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if ca:
-        builder = builder.add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-    else:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-    return builder.sign(issuer_key, hashes.SHA256())
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """(CA bundle, server cert, server key) files."""
-    root = tmp_path_factory.mktemp("pki")
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = _cert("tinker_sync test CA", ca_key, None, ca_key, ca=True)
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    server = _cert("127.0.0.1", ca_key, ca.subject, server_key, ca=False)
-    pem = serialization.Encoding.PEM
-    (root / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (root / "server.pem").write_bytes(server.public_bytes(pem))
-    (root / "server.key").write_bytes(
-        server_key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return root / "ca.pem", root / "server.pem", root / "server.key"
+    return make_throwaway_pki(tmp_path_factory.mktemp("pki"))
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -165,3 +113,25 @@ def test_an_untrusted_certificate_is_a_never_sent_connect_error(
     assert info.value.outcome is RequestOutcome.NOT_SENT
     assert KEY not in str(info.value)
     assert https_server.seen == []
+
+
+@pytest.mark.parametrize("in_subprocess", [False, True])
+def test_local_server_serves_https_to_the_client(
+    pki: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch, in_subprocess: bool
+) -> None:
+    """The local server with a throwaway certificate: a sampling client works end to end over
+    HTTPS and keeps its TLS connections alive (the server saw requests, no refusal)."""
+    import tinker_sync
+
+    ca, cert, key = pki
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))
+    with LocalServer(tls=(str(cert), str(key)), in_subprocess=in_subprocess) as server:
+        assert server.url.startswith("https://127.0.0.1:")
+        with tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key) as service:
+            sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+            prompt = tinker_sync.ModelInput.from_ints([1, 2, 3])
+            params = tinker_sync.SamplingParams(max_tokens=4)
+            for _ in range(3):
+                out = sampler.sample(prompt, 1, params).result(60)
+                assert 0 < len(out.sequences[0].tokens) <= 4
+        assert server.requests.count("asample") == 3

@@ -31,6 +31,7 @@ import http
 import json
 import logging
 import re
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -187,7 +188,8 @@ class HttpServer:
     Params: ``app`` answers requests; ``faults`` / ``log`` are consulted / filled per request;
     ``admin`` answers ``/_local/`` paths; ``admin_listener=True`` also opens a second port
     (``admin_port``) that serves only admin paths and is never refused; ``on_start`` /
-    ``on_stop`` are awaited on the loop after binding / before the loop ends.
+    ``on_stop`` are awaited on the loop after binding / before the loop ends; ``tls``
+    (``(certfile, keyfile)``) serves HTTPS on the main port (the admin port stays plain HTTP).
 
     Thread safety: public methods may be called from any thread. Fork safety: not fork-safe.
     """
@@ -207,8 +209,13 @@ class HttpServer:
         max_body_bytes: int = MAX_BODY_BYTES,
         max_head_bytes: int = MAX_HEAD_BYTES,
         backlog: int = 4096,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         self._app = app
+        self._ssl: ssl.SSLContext | None = None
+        if tls is not None:
+            self._ssl = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._ssl.load_cert_chain(tls[0], tls[1])
         self._host = host
         self._port = port
         self._faults = faults
@@ -364,6 +371,7 @@ class HttpServer:
             limit=self._max_head,
             backlog=self._backlog,
             reuse_address=True,
+            ssl=self._ssl,
         )
         self._server = server
         self._port = server.sockets[0].getsockname()[1]

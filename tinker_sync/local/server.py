@@ -69,7 +69,8 @@ class LocalServer:
     ``in_subprocess``; ``protocol`` (``"current"`` or ``"legacy"``). Beyond the spec:
     ``gap_grace_s`` (how long a model waits for a missing seq_id before skipping it, default 30 s)
     and ``metadata_threshold_bytes`` (results above this size are first announced with a
-    metadata-only answer, default 4 MiB).
+    metadata-only answer, default 4 MiB); ``tls`` (``(certfile, keyfile)``: serve HTTPS with this
+    certificate, e.g. a throwaway one; ``url`` then starts with ``https://``).
 
     With ``in_subprocess=True`` the rules and the log live in the child: ``faults`` and
     ``requests`` are proxies over the admin port (a separate port that ``refuse_connections``
@@ -99,6 +100,7 @@ class LocalServer:
         protocol: Literal["current", "legacy"] = "current",
         gap_grace_s: float = 30.0,
         metadata_threshold_bytes: int = 4 * 1024 * 1024,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         if backend not in ("instant", "tiny"):
             raise ValueError(f"backend must be 'instant' or 'tiny', got {backend!r}")
@@ -126,6 +128,7 @@ class LocalServer:
         self._in_subprocess = in_subprocess
         self._protocol: Literal["current", "legacy"] = protocol
         self._admin_listener = False  # set in a subprocess child
+        self._tls = None if tls is None else (str(tls[0]), str(tls[1]))
 
         self._lock = threading.RLock()
         self._started = False
@@ -270,6 +273,7 @@ class LocalServer:
             admin=AdminApi(_Controls(self), self._api_key),
             admin_listener=self._admin_listener,
             on_stop=on_stop,
+            tls=self._tls,
         )
         self._http.start()
 
@@ -293,6 +297,7 @@ class LocalServer:
             "protocol": self._protocol,
             "gap_grace_s": self._gap_grace_s,
             "metadata_threshold_bytes": self._metadata_threshold_bytes,
+            "tls": self._tls,
         }
 
     def _start_child(self) -> None:
@@ -379,10 +384,11 @@ class LocalServer:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:<port>``."""
+        """``http://127.0.0.1:<port>`` (``https://`` when serving TLS)."""
         self._require_started()
         host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self._tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     base_url = url
 
@@ -631,6 +637,8 @@ def _child_main() -> None:
     sys.stdout = sys.stderr  # keep the protocol pipe clean of stray prints
     config = json.loads(sys.stdin.readline())
     config["faults"] = [parse_fault(f) for f in config.get("faults") or []]
+    if config.get("tls") is not None:
+        config["tls"] = tuple(config["tls"])
     server = LocalServer(**config)
     server._admin_listener = True
     try:
