@@ -59,6 +59,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "poller": {"n": 1000, "window_s": 3.0, **_HOLD, "reps": 5},
         "latency": {"n": 100, "prompt": 64, "max_tokens": 16, "warmup": 20, "reps": 7},
         "import": {"warmup": 2, "reps": 15},
+        "first": {"prompt": 64, "max_tokens": 16, "warmup": 1, "reps": 7},
         "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 3000, "warmup": 100, "reps": 5},
     },
     "quick": {
@@ -69,6 +70,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "poller": {"n": 1000, "window_s": 1.0, **_HOLD, "reps": 3},
         "latency": {"n": 50, "prompt": 64, "max_tokens": 16, "warmup": 10, "reps": 5},
         "import": {"warmup": 1, "reps": 5},
+        "first": {"prompt": 64, "max_tokens": 16, "warmup": 1, "reps": 5},
         "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 1000, "warmup": 50, "reps": 3},
     },
     "smoke": {
@@ -79,9 +81,14 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "poller": {"n": 10, "window_s": 0.3, **_HOLD_SMOKE, "reps": 1},
         "latency": {"n": 3, "prompt": 64, "max_tokens": 16, "warmup": 0, "reps": 1},
         "import": {"warmup": 0, "reps": 1},
+        "first": {"prompt": 64, "max_tokens": 16, "warmup": 0, "reps": 1},
         "scaleout": {**_SCALEOUT, "concurrency": 8, "n": 24, "warmup": 0, "reps": 1},
     },
 }
+# P1T / P7T: the P1 and P7 workloads over HTTPS (the same sizes).
+for _sizes in SIZES.values():
+    _sizes["sample_tls"] = dict(_sizes["sample"])
+    _sizes["latency_tls"] = dict(_sizes["latency"])
 
 # ---------------------------------------------------------------------------------- worker IO
 
@@ -470,10 +477,17 @@ def machine_info() -> dict[str, Any]:
 TELEMETRY = {"value": "0"}
 
 
+#: Set by run.py when HTTPS rows run: the throwaway CA every worker trusts (each SDK reads its
+#: own variable: tinker_sync and the raw client REQUESTS_CA_BUNDLE, httpx SSL_CERT_FILE).
+TLS_CA: dict[str, str] = {}
+
+
 def subprocess_env() -> dict[str, str]:
     """The environment for workers: the repo on PYTHONPATH, no TINKER_* leaking in, telemetry
-    as chosen (default off, as in the test suite)."""
+    as chosen (default off, as in the test suite), the HTTPS rows' CA when there is one."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
+    if "path" in TLS_CA:
+        env["REQUESTS_CA_BUNDLE"] = env["SSL_CERT_FILE"] = TLS_CA["path"]
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
     )

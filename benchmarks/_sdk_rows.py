@@ -58,8 +58,6 @@ class SdkBench:
         self.args = args
         self.size: dict[str, Any] = args.size[bench]
         self.profiler = Profiler(args.profile)
-        #: tinker_sync takes numpy token arrays zero-copy; the official ModelInput needs lists.
-        self.numpy_tokens = label == "ours"
         self._service: Any = None
 
     @property
@@ -137,10 +135,11 @@ class SdkBench:
         out = []
         for _ in range(count):
             tokens = rng.integers(0, VOCAB, length + 1, dtype=np.int64)
-            inputs: Any = tokens[:-1] if self.numpy_tokens else tokens[:-1].tolist()
+            # Both SDKs get the same types: token lists (what the official ModelInput takes)
+            # and numpy arrays inside TensorData.
             out.append(
                 sdk.Datum(
-                    model_input=sdk.ModelInput.from_ints(inputs),
+                    model_input=sdk.ModelInput.from_ints(tokens[:-1].tolist()),
                     loss_fn_inputs={
                         "target_tokens": sdk.TensorData(
                             data=tokens[1:].copy(), dtype="int64", shape=[length]
@@ -328,8 +327,13 @@ class SdkBench:
                 p50.append(percentile(lat, 0.5) * 1e3)
         return {"p50_ms": p50, "p90_ms_all": percentile(every, 0.9) * 1e3}
 
+    # -- P1T / P7T: the same workloads against the HTTPS server ---------------------------------
 
-BENCHES = ("sample", "train", "held", "poller", "latency")
+    bench_sample_tls = bench_sample
+    bench_latency_tls = bench_latency
+
+
+BENCHES = ("sample", "train", "held", "poller", "latency", "sample_tls", "latency_tls")
 
 
 def main(sdk: ModuleType, label: str, args: WorkerArgs) -> None:

@@ -9,18 +9,21 @@ once; ``create_sampling_session`` (sampling) or ``create_model`` + its future (t
 until a result. Results are parsed (protobuf via the generated module, JSON via ``json``) but no
 result objects are built. No retries, no heartbeats, no telemetry, no validation.
 
-Benches: ``sample`` (a pool of worker threads, each: asample then poll; the best thread count of
-a short warm-up sweep is used), ``latency`` (sequential on one keep-alive connection) and
+Benches: ``sample`` (pipelined like tinker_sync: every sample is handed at once to a pool of
+submit threads that post ``asample``, and each accepted sample to a pool of poll threads that
+long-poll its result; the two pool sizes mirror the thread counts tinker_sync itself used in the
+same run, ``size["mirror"]``), ``latency`` (sequential on one keep-alive connection) and
 ``train`` (pipelined fwd/bwd + optim_step: submissions on the main thread, each step's two
-results long-polled by two helper threads on their own connections).
+results long-polled by two helper threads on their own connections). ``sample_tls`` and
+``latency_tls`` are the same against an HTTPS URL (the CA from ``REQUESTS_CA_BUNDLE``).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -49,8 +52,8 @@ from _common import (  # noqa: E402
 from tinker_sync._wire import tinker_public_pb2 as pb  # noqa: E402
 
 PROTO = "application/x-protobuf"
-#: Thread counts tried for the sampling throughput limit (the best one is reported).
-SWEEP = (8, 16, 32, 64)
+#: Submit / poll thread counts when tinker_sync's own were not measured (smoke runs).
+DEFAULT_MIRROR = {"submit": 32, "poll": 64}
 
 
 class RawClient:
@@ -60,14 +63,16 @@ class RawClient:
     """
 
     def __init__(self, url: str, api_key: str, maxsize: int = 1) -> None:
-        parts = urlsplit(url)
-        self.pool = urllib3.HTTPConnectionPool(
-            parts.hostname or "127.0.0.1",
-            parts.port or 80,
+        tls: dict[str, Any] = {}
+        if urlsplit(url).scheme == "https":
+            tls = {"cert_reqs": "CERT_REQUIRED", "ca_certs": os.environ.get("REQUESTS_CA_BUNDLE")}
+        self.pool = urllib3.connection_from_url(
+            url,
             maxsize=maxsize,
             block=True,
             retries=False,
             timeout=urllib3.Timeout(connect=10.0, read=60.0),
+            **tls,
         )
         self.json_headers = {"X-API-Key": api_key, "Content-Type": "application/json"}
         self.proto_headers = {"X-API-Key": api_key, "Content-Type": PROTO}
@@ -180,57 +185,59 @@ class RawBench:
 
     # -- P1 / P2 -------------------------------------------------------------------------------
 
-    def _throughput(self, threads: int, n: int) -> tuple[float, float]:
-        """``n`` samples through ``threads`` threads; returns (wall s, cpu s)."""
-        client = RawClient(self.args.url, self.args.api_key, maxsize=threads)
+    def _throughput(self, submit_threads: int, poll_threads: int, n: int) -> tuple[float, float]:
+        """``n`` samples, all handed over at once: ``submit_threads`` threads post them, and
+        ``poll_threads`` threads long-poll each accepted one. Returns (wall s, cpu s)."""
+        client = RawClient(self.args.url, self.args.api_key, maxsize=submit_threads + poll_threads)
         client.start_session()
         sampler = client.sampling_session()
         prompt, max_tokens = _prompt(int(self.size["prompt"])), int(self.size["max_tokens"])
-        counter = itertools.count()
-        errors: list[BaseException] = []
+        submitters = ThreadPoolExecutor(submit_threads, thread_name_prefix="raw-submit")
+        pollers = ThreadPoolExecutor(poll_threads, thread_name_prefix="raw-poll")
 
-        def worker() -> None:
-            try:
-                while (i := next(counter)) < n:
-                    if _one_sample(client, sampler, i, prompt, max_tokens) == 0:
-                        raise RuntimeError("empty sample")
-            except BaseException as exc:
-                errors.append(exc)
+        def result(request_id: str) -> int:
+            payload = client.wait(request_id)
+            if not isinstance(payload, bytes):
+                raise RuntimeError(f"expected a protobuf SampleResponse, got {payload}")
+            msg = pb.SampleResponse()
+            msg.ParseFromString(payload)
+            return len(np.frombuffer(msg.sequences[0].tokens, np.int32))
 
-        pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+        def submit(seq_id: int) -> Future[int]:
+            accepted = client.post(
+                "/api/v1/asample", _sample_body(sampler, seq_id, prompt, max_tokens)
+            )
+            return pollers.submit(result, accepted["request_id"])
+
         cpu0, t0 = cpu_seconds(), time.perf_counter()
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join()
+        handed = [submitters.submit(submit, i) for i in range(n)]
+        lengths = [f.result().result() for f in handed]
         wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+        submitters.shutdown()
+        pollers.shutdown()
         client.pool.close()
-        if errors:
-            raise errors[0]
+        if min(lengths) == 0:
+            raise RuntimeError("empty sample")
         return wall, cpu
 
     def bench_sample(self) -> dict[str, Any]:
         n = int(self.size["n"])
-        warmup = int(self.size["warmup"])
-        best, sweep = SWEEP[1], {}
-        if warmup:
-            for threads in SWEEP:
-                wall, _ = self._throughput(threads, warmup)
-                sweep[threads] = warmup / wall
-            best = max(sweep, key=lambda k: sweep[k])
+        mirror = {**DEFAULT_MIRROR, **(self.size.get("mirror") or {})}
+        submit, poll = max(1, int(mirror["submit"])), max(1, int(mirror["poll"]))
+        if self.size["warmup"]:
+            self._throughput(submit, poll, int(self.size["warmup"]))
         throughput: list[float] = []
         cpu_per_sample: list[float] = []
         with Rusage() as usage:
             for _ in range(int(self.size["reps"])):
-                wall, cpu = self._throughput(best, n)
+                wall, cpu = self._throughput(submit, poll, n)
                 throughput.append(n / wall)
                 cpu_per_sample.append(cpu / n)
         return {
             "per_sample": usage.result(per=n * int(self.size["reps"])),
             "samples_per_s": throughput,
             "cpu_s_per_sample": cpu_per_sample,
-            "threads": best,
-            "sweep_samples_per_s": {str(k): v for k, v in sweep.items()},
+            "threads": {"submit": submit, "poll": poll},
             "peak_rss_mb": peak_rss_mb(),
         }
 
@@ -374,8 +381,11 @@ class RawBench:
             "peak_rss_mb": peak_rss_mb(),
         }
 
+    bench_sample_tls = bench_sample
+    bench_latency_tls = bench_latency
 
-BENCHES = ("sample", "latency", "train")
+
+BENCHES = ("sample", "latency", "train", "sample_tls", "latency_tls")
 
 
 def main() -> None:

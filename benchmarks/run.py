@@ -12,21 +12,29 @@ Usage::
 One process tree: a ``LocalServer(backend="instant", in_subprocess=True)`` in its own process;
 per benchmark a worker process for tinker_sync (``_worker_ours.py``), one for the official SDK
 (``_worker_official.py``) and one for the raw-HTTP baseline (``_worker_raw.py``, urllib3 doing
-exactly the protocol's round trips), all against that same server; P4 runs bench_codec's three
-encoders round-robin in one process (``_worker_codec.py``); P8 times imports in fresh
-interpreters. Each worker warms up, then runs the repetitions and prints one JSON line.
+exactly the protocol's round trips), all against that same server; P1T / P7T run against a
+second server that speaks HTTPS with a throwaway certificate; P4 runs bench_codec's three
+encoders round-robin in one process (``_worker_codec.py``); P8 times a first result in fresh
+interpreters (``_first_result.py``). Each worker warms up, then runs the repetitions and prints
+one JSON line. Every column of a row does the same work on the same inputs (the same payload
+types too: token lists for both SDKs).
 
-Rows (ratio = ours / official unless said; goals from issue 7):
+Rows (the judged ratio is ours / official unless said; the table shows both ours / official and
+ours / limit):
 
 ==  ==========================================================  ==================================
-P1  sample throughput, n concurrent sample() calls               ratio >= 2.0, ours >= 0.7 x limit
-P2  client CPU-s per sample in P1                                ratio <= 0.5
+P1  sample throughput, n concurrent sample() calls; limit: raw  ratio >= 2.0, ours >= 0.8 x limit
+    urllib3 with tinker_sync's pipelining and thread counts
+P1T P1 over HTTPS                                                as P1
+P2  client CPU-s per sample in P1                                ratio <= 0.2
 P3  pipelined training step wall time (fwd/bwd + optim_step)     ratio <= 1.0
 P4  encoding a forward_backward (chunking + serialization)       ratio <= 1.0, ours <= 2 x raw
 P5  client CPU-s while n futures wait on held polls              <= 0.05 per 10 s, <= official
-P6  peak threads with n pending samples, session poller on       <= 64
+P6  peak threads with n pending samples, session poller on       <= 24
 P7  single-sample latency p50 (sequential)                       ours / limit <= 1.2
-P8  ``import tinker_sync`` wall time (fresh interpreter)         ratio <= 0.5 vs ``import tinker``
+P7T P7 over HTTPS                                                as P7
+P8  time to first result in a fresh interpreter: import,          ratio <= 0.3
+    ServiceClient, create a sampling client, one sample
 P10 sample throughput from 4 worker processes vs 1, same total    4 processes >= 0.9 x 1 process;
     concurrency; client CPU per sample; spawned worker start to    first sample <= 500 ms (median)
     its first sample (tinker_sync only)
@@ -34,7 +42,8 @@ P10 sample throughput from 4 worker processes vs 1, same total    4 processes >=
 
 Plus peak RSS of the P1 and P6 workers (no goal). Output: a table on stdout and JSON (``--out``,
 default ``benchmarks/results/<mode>.json``): ``{"rows": [{"id", "name", "unit", "ours",
-"official", "limit", "ratio", "goal", "met", "spread", "detail"}], "machine": {...}, ...}``;
+"official", "limit", "ratio", "ratio_official", "ratio_limit", "goal", "met", "spread", "detail"}],
+"machine": {...}, ...}``;
 values are medians over the repetitions, ``spread`` holds min / max / quartiles per column.
 Exit status: 0 when every row produced numbers (goals missed or not), 1 otherwise.
 """
@@ -42,9 +51,11 @@ Exit status: 0 when every row produced numbers (goals missed or not), 1 otherwis
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +70,7 @@ from _common import (  # noqa: E402
     ROOT,
     SIZES,
     TELEMETRY,
+    TLS_CA,
     machine_info,
     spread,
     subprocess_env,
@@ -79,13 +91,18 @@ BENCH_WORKERS: dict[str, tuple[str, ...]] = {
     "held": ("ours", "official"),
     "poller": ("ours", "official"),
     "latency": ("ours", "official", "raw"),
+    "sample_tls": ("ours", "official", "raw"),
+    "latency_tls": ("ours", "official", "raw"),
     "import": (),
+    "first": (),
     "scaleout": ("scaleout",),
 }
 #: Benches whose rows are ratios of wall times: their repetitions run in rounds, one worker
 #: process per SDK per round (ours, official, raw, ours, ...), so a slow spell of a shared
 #: machine hits every column alike instead of whichever worker happened to run during it.
-INTERLEAVED = frozenset({"sample", "train", "latency"})
+INTERLEAVED = frozenset({"sample", "train", "latency", "sample_tls", "latency_tls"})
+#: Benches served by the HTTPS server (P1T, P7T).
+TLS_BENCHES = frozenset({"sample_tls", "latency_tls"})
 #: Seconds a worker may run before it is killed, per mode.
 WORKER_TIMEOUT = {"full": 1800.0, "quick": 600.0, "smoke": 180.0}
 
@@ -128,6 +145,26 @@ def _p5_budget(size: dict[str, Any]) -> float:
     return 0.05 * float(size["held"]["window_s"]) / 10.0
 
 
+P1_GOAL = "ratio >= 2.0 and ours >= 0.8 x limit"
+P1_DETAIL = (
+    ("ours_peak_threads", "ours", "peak_threads", 1.0),
+    ("official_peak_threads", "official", "peak_threads", 1.0),
+    ("ours_threads_at_peak", "ours", "thread_groups_at_peak", 1.0),
+    ("raw_threads", "raw", "threads", 1.0),
+)
+
+
+def _p1_met(m: dict[str, float | None]) -> bool:
+    ours, official, limit = m["ours"], m["official"], m["limit"]
+    return (
+        ours is not None
+        and official is not None
+        and limit is not None
+        and _ge(ours, 2.0 * official)
+        and _ge(ours, 0.8 * limit)
+    )
+
+
 ROWS: tuple[Row, ...] = (
     Row(
         "P1",
@@ -139,17 +176,23 @@ ROWS: tuple[Row, ...] = (
             ("official", "official", "samples_per_s"),
             ("limit", "raw", "samples_per_s"),
         ),
-        "ratio >= 2.0 and ours >= 0.7 x limit",
-        judge=lambda m, r, s: (
-            _ge(r, 2.0) and m["limit"] is not None and _ge(m["ours"], 0.7 * m["limit"])
+        P1_GOAL,
+        judge=lambda m, r, s: _p1_met(m),
+        detail=P1_DETAIL,
+    ),
+    Row(
+        "P1T",
+        "sample throughput over HTTPS (as P1)",
+        "samples/s",
+        "sample_tls",
+        (
+            ("ours", "ours", "samples_per_s"),
+            ("official", "official", "samples_per_s"),
+            ("limit", "raw", "samples_per_s"),
         ),
-        detail=(
-            ("ours_peak_threads", "ours", "peak_threads", 1.0),
-            ("official_peak_threads", "official", "peak_threads", 1.0),
-            ("ours_threads_at_peak", "ours", "thread_groups_at_peak", 1.0),
-            ("raw_threads", "raw", "threads", 1.0),
-            ("raw_sweep", "raw", "sweep_samples_per_s", 1.0),
-        ),
+        P1_GOAL,
+        judge=lambda m, r, s: _p1_met(m),
+        detail=P1_DETAIL,
     ),
     Row(
         "P2",
@@ -161,9 +204,9 @@ ROWS: tuple[Row, ...] = (
             ("official", "official", "cpu_s_per_sample"),
             ("limit", "raw", "cpu_s_per_sample"),
         ),
-        "ratio <= 0.5",
+        "ratio <= 0.2",
         scale=1e3,
-        judge=lambda m, r, s: _le(r, 0.5),
+        judge=lambda m, r, s: _le(r, 0.2),
         detail=(
             ("ours_per_sample", "ours", "per_sample", 1.0),
             ("official_per_sample", "official", "per_sample", 1.0),
@@ -233,8 +276,8 @@ ROWS: tuple[Row, ...] = (
             ("ours", "ours", "peak_threads"),
             ("official", "official", "peak_threads"),
         ),
-        "ours <= 64",
-        judge=lambda m, r, s: _le(m["ours"], 64.0),
+        "ours <= 24",
+        judge=lambda m, r, s: _le(m["ours"], 24.0),
         detail=(
             ("ours_threads_before", "ours", "threads_before", 1.0),
             ("ours_threads_at_peak", "ours", "thread_groups_at_peak", 1.0),
@@ -262,15 +305,38 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
-        "P8",
-        "import wall time (fresh interpreter)",
+        "P7T",
+        "single-sample latency p50 over HTTPS (as P7)",
         "ms",
-        "import",
-        (("ours", "import", "ours"), ("official", "import", "official")),
-        "ratio <= 0.5",
+        "latency_tls",
+        (
+            ("ours", "ours", "p50_ms"),
+            ("official", "official", "p50_ms"),
+            ("limit", "raw", "p50_ms"),
+        ),
+        "ours / limit <= 1.2",
+        ratio_of="limit",
+        judge=lambda m, r, s: _le(r, 1.2),
+        detail=(
+            ("ours_p90_ms", "ours", "p90_ms_all", 1.0),
+            ("official_p90_ms", "official", "p90_ms_all", 1.0),
+            ("limit_p90_ms", "raw", "p90_ms_all", 1.0),
+        ),
+    ),
+    Row(
+        "P8",
+        "time to first result (import, client, sampling client, one sample)",
+        "ms",
+        "first",
+        (("ours", "first", "ours"), ("official", "first", "official")),
+        "ratio <= 0.3",
         scale=1e3,
-        judge=lambda m, r, s: _le(r, 0.5),
-        detail=(("ours_with_ServiceClient_ms", "import", "ours_with_client", 1e3),),
+        judge=lambda m, r, s: _le(r, 0.3),
+        detail=(
+            ("ours_import_ms", "import", "ours", 1e3),
+            ("official_import_ms", "import", "official", 1e3),
+            ("ours_import_with_ServiceClient_ms", "import", "ours_with_client", 1e3),
+        ),
     ),
     # P10 (scale-out, benchmarks/_worker_scaleout.py): tinker_sync only; the "limit" column
     # holds the same workload from 1 worker process, "ours" from 4.
@@ -426,9 +492,54 @@ def bench_import(size: dict[str, Any]) -> dict[str, Any]:
 
 
 def _needed_benches(rows: list[Row]) -> list[str]:
-    order = ["sample", "train", "codec", "held", "poller", "latency", "import", "scaleout"]
+    order = [
+        "sample",
+        "train",
+        "codec",
+        "held",
+        "poller",
+        "latency",
+        "sample_tls",
+        "latency_tls",
+        "first",
+        "import",
+        "scaleout",
+    ]
     wanted = {row.bench for row in rows}
     return [b for b in order if b in wanted]
+
+
+def bench_first(size: dict[str, Any], url: str, api_key: str) -> dict[str, Any]:
+    """P8: seconds from ``import`` to a first sample in hand, each in a fresh interpreter
+    (``_first_result.py``), ours and official alternating."""
+    out: dict[str, list[float]] = {"ours": [], "official": []}
+    script = str(BENCH_DIR / "_first_result.py")
+    args = [url, api_key, str(size["prompt"]), str(size["max_tokens"])]
+    for i in range(int(size["warmup"]) + int(size["reps"])):
+        for label, values in out.items():
+            proc = subprocess.run(
+                [sys.executable, script, label, *args],
+                capture_output=True,
+                text=True,
+                env=subprocess_env(),
+                cwd="/",
+                timeout=300,
+                check=False,
+            )
+            if proc.returncode != 0:
+                raise WorkerError(f"first result {label}: {proc.stderr.strip()[-500:]}")
+            if i >= int(size["warmup"]):
+                values.append(float(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def _mirror(ours: dict[str, Any]) -> dict[str, int] | None:
+    """The submit / poll thread counts tinker_sync used at its peak in a P1 round, for the
+    raw limit to use the same (None when they were not measured)."""
+    groups = ours.get("thread_groups_at_peak") or {}
+    submit = sum(int(v) for k, v in groups.items() if "sample-submit" in k)
+    poll = sum(int(v) for k, v in groups.items() if "sample-poll" in k)
+    return {"submit": submit, "poll": poll} if submit and poll else None
 
 
 def collect(
@@ -439,46 +550,90 @@ def collect(
 ) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
     """Run the workers; returns ({(bench, worker): metrics}, errors)."""
     from tinker_sync.local import LocalServer
+    from tinker_sync.local._tls import make_throwaway_pki
 
     results: dict[tuple[str, str], dict[str, Any]] = {}
     errors: list[str] = []
     timeout = WORKER_TIMEOUT[mode]
-    server_benches = [b for b in benches if b != "import"]
-    if server_benches:
-        with LocalServer(backend="instant", in_subprocess=True) as server:
-            url, key = server.url, server.api_key or "tml-local"
-            log(f"server {url} (pid {server.pid})")
-            if mode == "smoke":
-                # One process per worker for all benches: toy sizes, start-up dominates.
-                plan = [
-                    (worker, [b for b in server_benches if worker in BENCH_WORKERS[b]])
-                    for worker in ("ours", "official", "raw", "codec", "scaleout")
-                ]
-            else:
-                plan = []
-                for b in server_benches:
-                    rounds = int(sizes[b]["reps"]) if b in INTERLEAVED else 1
-                    plan += [(w, [b]) for _ in range(rounds) for w in BENCH_WORKERS[b]]
-            rounds_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
-            for worker, group in plan:
-                if not group:
-                    continue
-                run_sizes = sizes
-                if mode != "smoke" and group[0] in INTERLEAVED:
-                    run_sizes = {**sizes, group[0]: {**sizes[group[0]], "reps": 1}}
-                t0 = time.monotonic()
-                try:
-                    got = run_worker(worker, group, run_sizes, url, key, timeout)
-                except WorkerError as exc:
-                    errors.append(str(exc))
-                    log(f"  {worker:<8} {','.join(group):<28} FAILED: {exc}")
-                    continue
-                for bench, metrics in got.items():
-                    rounds_of.setdefault((bench, worker), []).append(metrics)
-                log(f"  {worker:<8} {','.join(group):<28} {time.monotonic() - t0:6.1f} s")
-            for key_, rounds_ in rounds_of.items():
-                results[key_] = merge_rounds(rounds_)
-    if "import" in benches:
+    server_benches = [b for b in benches if b not in ("import", "first")]
+    with contextlib.ExitStack() as stack:
+        urls: dict[bool, str] = {}
+        key = "tml-local"
+        if any(b not in TLS_BENCHES for b in server_benches) or "first" in benches:
+            server = stack.enter_context(LocalServer(backend="instant", in_subprocess=True))
+            urls[False], key = server.url, server.api_key or key
+            log(f"server {server.url} (pid {server.pid})")
+        if any(b in TLS_BENCHES for b in server_benches):
+            ca, cert, cert_key = make_throwaway_pki(
+                stack.enter_context(tempfile.TemporaryDirectory())
+            )
+            TLS_CA["path"] = str(ca)
+            tls_server = stack.enter_context(
+                LocalServer(
+                    backend="instant",
+                    in_subprocess=True,
+                    api_key=key,
+                    tls=(str(cert), str(cert_key)),
+                )
+            )
+            urls[True] = tls_server.url
+            log(f"server {tls_server.url} (pid {tls_server.pid}, throwaway certificate)")
+        if mode == "smoke":
+            # One process per worker and server for all benches: toy sizes, start-up dominates.
+            plan = [
+                (
+                    worker,
+                    [
+                        b
+                        for b in server_benches
+                        if worker in BENCH_WORKERS[b] and (b in TLS_BENCHES) == tls
+                    ],
+                )
+                for tls in (False, True)
+                for worker in ("ours", "official", "raw", "codec", "scaleout")
+            ]
+        else:
+            plan = []
+            for b in server_benches:
+                rounds = int(sizes[b]["reps"]) if b in INTERLEAVED else 1
+                plan += [(w, [b]) for _ in range(rounds) for w in BENCH_WORKERS[b]]
+        rounds_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        mirror: dict[str, dict[str, int]] = {}
+        for worker, group in plan:
+            if not group:
+                continue
+            run_sizes = sizes
+            if mode != "smoke" and group[0] in INTERLEAVED:
+                run_sizes = {**sizes, group[0]: {**sizes[group[0]], "reps": 1}}
+            if worker == "raw":  # the limit uses tinker_sync's pipelining and thread counts
+                run_sizes = {
+                    **run_sizes,
+                    **{b: {**run_sizes[b], "mirror": mirror[b]} for b in group if b in mirror},
+                }
+            url = urls[group[0] in TLS_BENCHES]
+            t0 = time.monotonic()
+            try:
+                got = run_worker(worker, group, run_sizes, url, key, timeout)
+            except WorkerError as exc:
+                errors.append(str(exc))
+                log(f"  {worker:<8} {','.join(group):<28} FAILED: {exc}")
+                continue
+            for bench, metrics in got.items():
+                rounds_of.setdefault((bench, worker), []).append(metrics)
+                if worker == "ours" and (counts := _mirror(metrics)) is not None:
+                    mirror[bench] = counts
+            log(f"  {worker:<8} {','.join(group):<28} {time.monotonic() - t0:6.1f} s")
+        for key_, rounds_ in rounds_of.items():
+            results[key_] = merge_rounds(rounds_)
+        if "first" in benches:
+            t0 = time.monotonic()
+            try:
+                results[("first", "first")] = bench_first(sizes["first"], urls[False], key)
+                results[("import", "import")] = bench_import(sizes["import"])
+                log(f"  {'first':<8} {'first,import':<28} {time.monotonic() - t0:6.1f} s")
+            except WorkerError as exc:
+                errors.append(str(exc))
+    if "import" in benches and ("import", "import") not in results:
         t0 = time.monotonic()
         try:
             results[("import", "import")] = bench_import(sizes["import"])
@@ -555,6 +710,8 @@ def build_row(
         **medians,
         "ratio": ratio,
         "ratio_of": f"ours/{row.ratio_of}",
+        "ratio_official": _ratio(ours, medians["official"]),
+        "ratio_limit": _ratio(ours, medians["limit"]),
         "goal": row.goal,
         "met": met,
         "spread": spreads,
@@ -562,6 +719,10 @@ def build_row(
     if detail:
         out["detail"] = detail
     return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b not in (None, 0.0) else None
 
 
 def _detail_value(value: Any, scale: float) -> Any:
@@ -593,8 +754,20 @@ def _fmt_spread(s: dict[str, Any] | None) -> str:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """A fixed-width table: medians with [min..max], ratio, goal, verdict."""
-    header = ("id", "row", "unit", "ours", "official", "limit", "ratio", "met", "goal")
+    """A fixed-width table: medians with [min..max], both ratios (the judged one marked *),
+    goal, verdict."""
+    header = (
+        "id",
+        "row",
+        "unit",
+        "ours",
+        "official",
+        "limit",
+        "÷official",
+        "÷limit",
+        "met",
+        "goal",
+    )
     lines = []
     body = []
     for r in rows:
@@ -607,7 +780,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 f"{_fmt(r[c])} {_fmt_spread(r['spread'].get(c))}".strip()
                 for c in ("ours", "official", "limit")
             ),
-            _fmt(r["ratio"]) + ("" if r["ratio_of"] == "ours/official" else " (vs limit)"),
+            _fmt(r.get("ratio_official")) + ("*" if r["ratio_of"] == "ours/official" else ""),
+            _fmt(r.get("ratio_limit")) + ("*" if r["ratio_of"] == "ours/limit" else ""),
             verdict,
             r["goal"] or "",
         ]
