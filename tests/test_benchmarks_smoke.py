@@ -75,7 +75,9 @@ def test_smoke_held_rows_really_held(smoke: tuple[dict[str, Any], str]) -> None:
 
 
 def test_row_ids_and_sizes_cover_every_bench() -> None:
-    assert [r.id for r in run.ROWS][:8] == [f"P{i}" for i in range(1, 9)]
+    ids = [r.id for r in run.ROWS]
+    assert len(set(ids)) == len(ids)
+    assert {f"P{i}" for i in range(1, 9)} | {"P1T", "P7T"} <= set(ids)
     for mode, sizes in _common.SIZES.items():
         assert set(sizes) == set(run.BENCH_WORKERS), mode
         for bench, size in sizes.items():
@@ -99,14 +101,27 @@ def test_build_row_medians_ratio_and_verdict() -> None:
     assert row["ratio"] == pytest.approx(2.5)
     assert row["met"] is True
     assert row["spread"]["ours"]["min"] == 100.0 and row["spread"]["ours"]["max"] == 300.0
-    # ratio fine but below 0.7 x limit
-    row = run.build_row(p1, _results([200.0], [80.0], [300.0]), sizes)
+    assert row["ratio_official"] == pytest.approx(2.5) and row["ratio_limit"] == 0.8
+    # ratio fine but below 0.8 x limit
+    row = run.build_row(p1, _results([200.0], [80.0], [251.0]), sizes)
     assert row["met"] is False
     # a missing column gives no ratio and no verdict on the limit part
     row = run.build_row(p1, {("sample", "ours"): {"samples_per_s": [1.0]}}, sizes)
     assert row["ratio"] is None and row["official"] is None and row["met"] is False
     row = run.build_row(p1, {}, sizes)
     assert row["ours"] is None and row["met"] is None
+
+
+def test_the_raw_limit_mirrors_tinker_syncs_thread_counts() -> None:
+    groups = {
+        "tinker_sync-sample-submit": 32,
+        "tinker_sync-sample-poll": 70,
+        "tinker_sync-futures-poller": 1,
+        "MainThread": 1,
+    }
+    assert run._mirror({"thread_groups_at_peak": groups}) == {"submit": 32, "poll": 70}
+    assert run._mirror({"thread_groups_at_peak": {"MainThread": 1}}) is None
+    assert run._mirror({}) is None
 
 
 def test_p5_goal_scales_with_the_window_and_compares_to_official() -> None:

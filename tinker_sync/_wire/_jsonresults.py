@@ -56,6 +56,13 @@ def _json_numbers(value: Any, dtype: np.dtype[Any], what: str) -> AnyArray:
         if isinstance(item, bool) or not isinstance(item, allowed):
             expected = "integers" if dtype.kind == "i" else "numbers"
             raise TypeError(f"{what}: expected {expected}, got {type(item).__name__} {item!r}")
+    if dtype.kind == "i" and items:
+        # numpy 1.x wraps out-of-range integers silently (2.x raises): check the range here
+        info = np.iinfo(dtype)
+        low, high = min(items), max(items)
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise ValueError(f"{what}: {bad} is out of bounds for {dtype.name}")
     try:
         return np.asarray(items, dtype=dtype).reshape(-1)
     except (ValueError, OverflowError) as exc:
