@@ -329,6 +329,31 @@ def _request_with(datum_msg: Any) -> bytes:
     return bytes(msg.SerializeToString())
 
 
+def test_declared_chunk_lengths_are_bounded_before_any_allocation() -> None:
+    # An image chunk declares its length in a few bytes; 2**31 - 1 placeholder tokens would be
+    # a 16 GiB array. The decoder refuses it (a 400) instead of allocating.
+    datum = pb.Datum()
+    image = datum.model_input.add().image
+    image.format = "png"
+    image.expected_tokens = 2**31 - 1
+    with pytest.raises(ValueError, match=r"expected_tokens 2147483647 is out of range"):
+        server_codec.decode_forward_backward_request(_request_with(datum))
+
+    limit = server_codec.MAX_DATUM_TOKENS
+    datum = pb.Datum()
+    datum.model_input.add().encoded_text.tokens = np.array([1], "<i4").tobytes()
+    for _ in range(2):
+        image = datum.model_input.add().image
+        image.format = "png"
+        image.expected_tokens = limit // 2
+    with pytest.raises(ValueError, match=rf"{limit + 1} model-input tokens \(at most {limit}\)"):
+        server_codec.decode_forward_backward_request(_request_with(datum))
+
+    image.expected_tokens = limit // 2 - 1  # exactly at the bound: accepted
+    (decoded,) = server_codec.decode_forward_backward_request(_request_with(datum))[5]
+    assert len(decoded.tokens) == limit
+
+
 def test_decode_request_errors_name_the_problem() -> None:
     datum = pb.Datum()
     datum.model_input.add().image.format = "png"

@@ -233,6 +233,21 @@ _TENSOR_CONTAINER_MARKER = 254
 _TENSOR_CONTAINER_MAX_DTYPE = 7
 
 
+#: Most model-input tokens one datum may declare. Image and dmel chunks only *declare* their
+#: length (``expected_tokens``, a dmel header), so without a bound a few bytes on the wire could
+#: make the server allocate gigabytes; a million tokens is far above any real context window.
+MAX_DATUM_TOKENS = 1 << 20
+
+
+def _declared_length(length: int, what: str, field: str) -> int:
+    """A chunk's declared token count, refused (a 400) when negative or above the bound."""
+    if length < 0 or length > MAX_DATUM_TOKENS:
+        raise ValueError(
+            f"{what}: {field} {length} is out of range (0..{MAX_DATUM_TOKENS} tokens per datum)"
+        )
+    return length
+
+
 def _dmel_length(dmel: Buffer, what: str) -> int:
     """Dim 0 of a serialized TensorContainer (its header only)."""
     data = bytes(dmel)
@@ -248,7 +263,7 @@ def _dmel_length(dmel: Buffer, what: str) -> int:
         dim0, _ = read_varint(data, pos, len(data))
     except ValueError as exc:
         raise ValueError(f"{what}: bad dmel tensor container header ({exc})") from exc
-    return dim0
+    return _declared_length(dim0, what, "dmel length")
 
 
 def _chunk_tokens(buf: Buffer, start: int, end: int, what: str) -> AnyArray:
@@ -277,7 +292,7 @@ def _chunk_tokens(buf: Buffer, start: int, end: int, what: str) -> AnyArray:
                 expected = as_int32(a)
         if expected is None or expected < 0:
             raise ValueError(f"{what}: image chunks need a non-negative expected_tokens")
-        return np.zeros(expected, dtype=np.int64)
+        return np.zeros(_declared_length(expected, what, "expected_tokens"), dtype=np.int64)
     dmel: tuple[int, int] = NO_SPAN
     for number, wire, a, b in fields(sbuf, sa, sb):
         if number == 1 and wire == 2:
@@ -419,6 +434,9 @@ def _datum_arrays(
                 elif n2 == 2 and w2 == 2:
                     tensor = (a2, b2)
             inputs[key] = _dense_input(buf, *tensor, f"{what}.loss_fn_inputs[{key!r}]")
+    total = sum(len(t) for t in tokens)
+    if total > MAX_DATUM_TOKENS:
+        raise ValueError(f"{what}: {total} model-input tokens (at most {MAX_DATUM_TOKENS})")
     if not tokens:
         flat = np.zeros(0, dtype=np.int64)
     elif len(tokens) == 1:
