@@ -26,6 +26,7 @@ import tinker_sync
 from tinker_sync import types
 from tinker_sync._clock import FakeClock
 from tinker_sync._ratelimit import reset_limiters
+from tinker_sync._sampling_retry import RetryConfig
 from tinker_sync.exceptions import (
     ClientClosedError,
     InternalServerError,
@@ -33,7 +34,7 @@ from tinker_sync.exceptions import (
     SamplingStuckError,
 )
 from tinker_sync.local import LocalServer
-from tinker_sync.sampling_client import SEQ_STRIDE, RetryConfig, SamplingClient
+from tinker_sync.sampling_client import SEQ_STRIDE, SamplingClient
 
 HANG = 60.0
 BASE = "Qwen/Qwen3-8B"

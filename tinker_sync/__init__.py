@@ -212,6 +212,7 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
         APIFuture as APIFuture,
     )
     from tinker_sync._health import PendingFuture as PendingFuture
+    from tinker_sync._sampling_retry import RetryConfig as RetryConfig
     from tinker_sync.exceptions import (
         APIConnectError as APIConnectError,
     )
@@ -305,12 +306,7 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     from tinker_sync.sampling_client import (
         BackcompatSamplingClientFuture as BackcompatSamplingClientFuture,
     )
-    from tinker_sync.sampling_client import (
-        RetryConfig as RetryConfig,
-    )
-    from tinker_sync.sampling_client import (
-        SamplingClient as SamplingClient,
-    )
+    from tinker_sync.sampling_client import SamplingClient as SamplingClient
     from tinker_sync.service_client import (
         ServiceClient as ServiceClient,
     )

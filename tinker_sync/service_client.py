@@ -57,8 +57,9 @@ from tinker_sync.types import (
 )
 
 if TYPE_CHECKING:
+    from tinker_sync._sampling_retry import RetryConfig
     from tinker_sync.rest_client import RestClient
-    from tinker_sync.sampling_client import RetryConfig, SamplingClient
+    from tinker_sync.sampling_client import SamplingClient
     from tinker_sync.training_client import LossHandle, PerDatumLossFn, TrainingClient
 
 log = logging.getLogger("tinker_sync.service")

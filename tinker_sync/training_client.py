@@ -62,8 +62,9 @@ from tinker_sync.types import (
 )
 
 if TYPE_CHECKING:
+    from tinker_sync._sampling_retry import RetryConfig
     from tinker_sync._session import Session
-    from tinker_sync.sampling_client import RetryConfig, SamplingClient
+    from tinker_sync.sampling_client import SamplingClient
     from tinker_sync.service_client import ServiceClient
     from tinker_sync.tokenizer import TinkerTokenizer
 
