@@ -1,4 +1,5 @@
-"""Daemon pools, bounded lanes and the delay timer (B54, B55)."""
+"""Daemon pools, bounded lanes and the delay timer (docs/design/behavior.md#thread-inventory,
+docs/design/behavior.md#fast-interpreter-exit)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def fresh_sizes() -> Iterator[None]:
 
 
 def test_pool_grows_lazily_to_its_cap_and_queues_fifo():
-    """B54: workers start on demand up to max_workers; overflow runs in FIFO order."""
+    """Workers start on demand up to max_workers; overflow runs in FIFO order
+    (docs/design/behavior.md#thread-inventory)."""
     p = DaemonPool("test-fifo", 3)
     assert p.threads == 0
     gate = threading.Event()
@@ -79,7 +81,8 @@ def test_a_failing_job_does_not_kill_its_worker(caplog):
 
 
 def test_bounded_lane_runs_at_most_limit_jobs_at_once():
-    """B24/B54: a burst of 200 fetches uses at most ``limit`` threads of the shared pool."""
+    """A burst of 200 fetches uses at most ``limit`` threads of the shared pool
+    (docs/design/behavior.md#session-futures-poller, docs/design/behavior.md#thread-inventory)."""
     lane = BoundedLane("test-lane", 4)
     lock = threading.Lock()
     running = 0
@@ -174,7 +177,7 @@ def test_inventory_defaults_are_documented():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_forked_child_gets_fresh_pools_even_if_a_pool_lock_was_held():
-    """B49: pools (and their locks) are rebuilt in a child."""
+    """Pools (and their locks) are rebuilt in a child (docs/design/behavior.md#fork-detection)."""
     p = pool("test-fork")
     p.submit(lambda: None)
     held = threading.Event()

@@ -1,4 +1,5 @@
-"""The session futures poller against a real LocalServer (B24; T-C7, T-C8).
+"""The session futures poller against a real LocalServer
+(docs/design/behavior.md#session-futures-poller, docs/design/behavior.md#thread-inventory).
 
 The poller is driven directly (raw ``asample`` submissions plus recording waiters) for the
 protocol cases, and through ``SamplingClient`` for the thread-bound test, which runs in a
@@ -142,12 +143,15 @@ def until(predicate: Callable[[], bool], timeout: float = HANG) -> None:
         pause.wait(0.005)
 
 
-# ------------------------------------------------------------------------------ T-C7
+# ------------------------------------------------------------------- the official poller cases
 
 
 def test_idle_long_poll_then_ack_with_timeout_zero(make_rig):
-    """T-C7: no thread while idle; long poll with the hold the server advertised (its 2 s,
-    under the client's 5 s); ack-only poll with 0.0; idle."""
+    """No thread while idle; long poll with the hold the server advertised (its 2 s,
+    under the client's 5 s); ack-only poll with 0.0; idle.
+
+    See docs/design/behavior.md#session-futures-poller.
+    """
     rig = make_rig()
     poller = rig.poller()
     assert poller.polls == 0 and not poller.parked.is_set()
@@ -180,7 +184,8 @@ def test_idle_long_poll_then_ack_with_timeout_zero(make_rig):
 
 
 def test_retrieved_ids_are_sorted_and_sent_exactly_once(make_rig):
-    """T-C7: each fetched id is reported once, on the next successful poll."""
+    """Each fetched id is reported once, on the next successful poll
+    (docs/design/behavior.md#session-futures-poller)."""
     rig = make_rig()
     poller = rig.poller()
     rids = [rig.submit() for _ in range(6)]
@@ -200,7 +205,8 @@ def test_retrieved_ids_are_sorted_and_sent_exactly_once(make_rig):
 
 
 def test_403_fails_current_and_future_waiters(make_rig):
-    """T-C7: a non-retryable status is terminal for every waiter of the poller."""
+    """A non-retryable status is terminal for every waiter of the poller
+    (docs/design/behavior.md#session-futures-poller)."""
     rig = make_rig()
     rig.srv.faults.add("retrieve_futures 403 x*")
     poller = rig.poller()
@@ -216,7 +222,8 @@ def test_403_fails_current_and_future_waiters(make_rig):
 
 
 def test_a_recorded_completion_wins_over_a_later_failure(make_rig):
-    """T-C7: completions recorded before a terminal error are still handed out."""
+    """Completions recorded before a terminal error are still handed out
+    (docs/design/behavior.md#session-futures-poller)."""
     rig = make_rig()
     poller = rig.poller()
     a, b = rig.submit(), rig.submit()
@@ -237,7 +244,8 @@ def test_a_recorded_completion_wins_over_a_later_failure(make_rig):
 
 
 def test_400_is_retried_three_times_with_budget_reset(make_rig):
-    """T-C7: 400 x3 recovers (1 s apart); the budget resets after a success; x4 is fatal."""
+    """400 x3 recovers (1 s apart); the budget resets after a success; x4 is fatal
+    (docs/design/behavior.md#session-futures-poller)."""
     clock = FakeClock()
     rig = make_rig(clock)
     rig.srv.faults.add("retrieve_futures 400 x3")
@@ -259,7 +267,8 @@ def test_400_is_retried_three_times_with_budget_reset(make_rig):
 
 
 def test_500_and_402_are_retried(make_rig):
-    """T-C7: retryable errors sleep 1 s; a billing 402 sleeps 5 s; then the poll succeeds."""
+    """Retryable errors sleep 1 s; a billing 402 sleeps 5 s; then the poll succeeds
+    (docs/design/behavior.md#session-futures-poller)."""
     clock = FakeClock()
     rig = make_rig(clock)
     rig.srv.faults.extend(["retrieve_futures 500 x2", "retrieve_futures 402 x1"])
@@ -272,7 +281,8 @@ def test_500_and_402_are_retried(make_rig):
 
 
 def test_completions_of_forgotten_requests_are_dropped(make_rig):
-    """B25: a cancelled (forgotten) request's completion is not kept for a waiter."""
+    """A cancelled (forgotten) request's completion is not kept for a waiter
+    (docs/design/behavior.md#sample-cancellation)."""
     rig = make_rig()
     assert rig.srv.app is not None
     rig.srv.app.pause("active", None, "sampling")
@@ -310,7 +320,7 @@ def test_abandoned_waiters_and_close(make_rig):
     rig.srv.resume()
 
 
-# ------------------------------------------------------------------------------ T-C8
+# ----------------------------------------------------------------------------- thread bounds
 
 _T_C8_CHILD = r"""
 import json, sys, threading
@@ -398,5 +408,6 @@ def test_2000_pending_samples_through_the_poller_stay_within_24_threads():
 
 @pytest.mark.slow
 def test_2000_pending_samples_without_the_poller_stay_within_the_pool_bounds():
-    """B54: without the poller, polling threads are capped by the sample-poll pool (400)."""
+    """Without the poller, polling threads are capped by the sample-poll pool (400)
+    (docs/design/behavior.md#thread-inventory)."""
     _pending_samples_within_bounds(2000, poller=False, bound=400 + 8 + 8)

@@ -1,4 +1,6 @@
-"""The shared limiter: registry, deadline and dispatch gates (B11-B13; T-B4, T-B5, T-B7, T-B11)."""
+"""The shared limiter: registry, deadline and dispatch gates
+(docs/design/behavior.md#limiter-registry, docs/design/behavior.md#dispatch-gates,
+docs/design/behavior.md#shared-backoff)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def _fresh_registry():
 
 
 def test_100_threads_get_or_create_one_key_and_get_the_same_object():
-    """T-B4 (B11)."""
+    """Pins docs/design/behavior.md#limiter-registry."""
     clock = SystemClock()
     barrier = threading.Barrier(100)
     got: list[Limiter] = [None] * 100  # type: ignore[list-item]
@@ -51,7 +53,7 @@ def test_100_threads_get_or_create_one_key_and_get_the_same_object():
 
 
 def test_deadline_only_moves_forward():
-    """T-B7 (B13): a 5 s deadline survives a later, shorter backoff."""
+    """A 5 s deadline survives a later, shorter backoff (docs/design/behavior.md#shared-backoff)."""
     clock = FakeClock()
     limiter = limiter_for("https://x", "k", clock)
     limiter.set_backoff(5.0, "429")
@@ -237,7 +239,8 @@ def test_cancelled_waiter_sends_nothing_and_restores_permits():
 
 
 def test_same_tenant_spelled_differently_shares_one_limiter():
-    """T-B2 (B11): ``https://EXAMPLE.com:443/`` and ``https://example.com`` are one tenant."""
+    """``https://EXAMPLE.com:443/`` and ``https://example.com`` are one tenant
+    (docs/design/behavior.md#limiter-registry)."""
     import tinker_sync
 
     clock = FakeClock()
@@ -286,7 +289,8 @@ def test_stopping_a_gate_waiter_leaves_the_gates_intact():
 
 
 def test_response_and_fwdbwd_budgets_admit_while_non_negative():
-    """B21/B27: one oversized reservation is admitted; the next waits for a release."""
+    """One oversized reservation is admitted; the next waits for a release
+    (docs/design/behavior.md#poll-answer-order, docs/design/behavior.md#fwdbwd-byte-gate)."""
     clock = FakeClock()
     limiter = limiter_for("https://x", "k", clock)
     limiter.configure(

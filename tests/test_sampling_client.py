@@ -1,8 +1,13 @@
-"""SamplingClient against a real LocalServer: gates, backoff, retries, cancels (B10-B16, B25).
+"""SamplingClient against a real LocalServer: gates, backoff, retries, cancels
+(docs/design/behavior.md#sampling-lock-free-seq-ids, docs/design/behavior.md#limiter-registry,
+docs/design/behavior.md#dispatch-gates, docs/design/behavior.md#shared-backoff,
+docs/design/behavior.md#paused-queue-extends-backoff, docs/design/behavior.md#sampling-retry-layer,
+docs/design/behavior.md#sampling-wire-rules, docs/design/behavior.md#sample-cancellation), and
+the sampling half of docs/design/behavior.md#older-servers. The limiter's own unit tests are in
+test_ratelimit.py.
 
-Tests T-B1..T-B12 of BEHAVIOR.md (T-B4/T-B5/T-B7 also live in test_ratelimit.py) and the
-sampling half of T-L1. Threads are released on barriers; delays are asserted on a FakeClock or
-from the server's request log (arrival times), never from wall-clock order in the client.
+Threads are released on barriers; delays are asserted on a FakeClock or from the server's
+request log (arrival times), never from wall-clock order in the client.
 """
 
 from __future__ import annotations
@@ -89,7 +94,8 @@ def until(predicate: Callable[[], bool], timeout: float = HANG) -> None:
 
 
 def hold(srv: LocalServer) -> None:
-    """Hold sample results (polls answer try_again, queue state active: no backoff, B14)."""
+    """Hold sample results (polls answer try_again, queue state active: no backoff,
+    docs/design/behavior.md#paused-queue-extends-backoff)."""
     assert srv.app is not None
     srv.app.pause("active", None, "sampling")
 
@@ -126,7 +132,8 @@ class Events:
 
 
 def test_sample_stamps_sequence_ids_and_compute_logprobs(server, service):
-    """B16: ids from the asample reply are stamped; compute_logprobs entry 0 is None."""
+    """Ids from the asample reply are stamped; compute_logprobs entry 0 is None
+    (docs/design/behavior.md#sampling-wire-rules)."""
     sampler = sampler_of(service)
     fut = sampler.sample(PROMPT, 3, PARAMS)
     response = fut.result(HANG)
@@ -150,7 +157,8 @@ def test_sample_stamps_sequence_ids_and_compute_logprobs(server, service):
 
 
 def test_validation_errors_are_synchronous_and_send_nothing(server, service):
-    """B16: checked in the caller's thread before a seq_id is taken."""
+    """Checked in the caller's thread before a seq_id is taken
+    (docs/design/behavior.md#sampling-wire-rules)."""
     sampler = sampler_of(service)
     bad_target = types.TensorData(data=[0.0] * 4, dtype="float32", shape=[4, 1])
     cases: list[tuple[type[Exception], dict[str, Any]]] = [
@@ -183,7 +191,8 @@ def test_validation_errors_are_synchronous_and_send_nothing(server, service):
 
 
 def test_ignored_features_fail_with_runtime_error(server, service, monkeypatch):
-    """B16: a server that silently drops prompt_alt_tokens_k / last_n fails loudly."""
+    """A server that silently drops prompt_alt_tokens_k / last_n fails loudly
+    (docs/design/behavior.md#sampling-wire-rules)."""
     from tinker_sync.local.backends import instant
 
     original = instant.InstantSampler.sample
@@ -210,7 +219,8 @@ def test_ignored_features_fail_with_runtime_error(server, service, monkeypatch):
 
 
 def test_legacy_server_sampling_without_sequence_ids(make_server, make_client):
-    """B64 / T-L1 (sampling half): no sample_sequence_ids and JSON results are accepted."""
+    """The sampling half: no sample_sequence_ids and JSON results are accepted
+    (docs/design/behavior.md#older-servers)."""
     srv = make_server(protocol="legacy")
     sampler = sampler_of(make_client(srv))
     response = sampler.sample(PROMPT, 2, PARAMS, include_prompt_logprobs=True).result(HANG)
@@ -222,7 +232,7 @@ def test_legacy_server_sampling_without_sequence_ids(make_server, make_client):
     assert "sample_sequence_ids" not in json.dumps([r.json for r in srv.requests.filter("asample")])
 
 
-# ------------------------------------------------------------------------------ gates (B12)
+# ------------------------------------------------------------------------------ gates
 
 
 _T_B1_CHILD = r"""
@@ -263,7 +273,8 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 @pytest.mark.slow
 def test_1000_concurrent_samples_never_exceed_400_in_flight(make_server):
-    """T-B1 (B12): with slow submissions, the server never holds more than 400 asamples."""
+    """With slow submissions, the server never holds more than 400 asamples
+    (docs/design/behavior.md#dispatch-gates)."""
     srv = make_server(faults=["asample delay=0.5 x*"])
     proc = subprocess.run(
         [sys.executable, "-c", _T_B1_CHILD, srv.url, srv.api_key or "", "1000"],
@@ -291,7 +302,8 @@ def test_1000_concurrent_samples_never_exceed_400_in_flight(make_server):
     ],
 )
 def test_all_samples_accepted_before_the_first_result(make_server, make_client, poller, n):
-    """T-B6 (B12): gates are released on acceptance, not held through polling."""
+    """Gates are released on acceptance, not held through polling
+    (docs/design/behavior.md#dispatch-gates)."""
     srv = make_server(client_config={"sample_use_retrieve_futures": poller})
     sampler = sampler_of(make_client(srv))
     hold(srv)
@@ -314,11 +326,12 @@ def test_all_samples_accepted_before_the_first_result(make_server, make_client, 
     assert len(set(asample_seq_ids(srv))) == n
 
 
-# ------------------------------------------------------------------------------ backoff (B11, B13)
+# ------------------------------------------------------------------------------ backoff
 
 
 def test_429_retry_after_holds_every_client_of_the_tenant_only(make_server, make_client):
-    """T-B2/T-B3 (B11, B13): a 429 with retry-after-ms 750 holds same-tenant clients."""
+    """A 429 with retry-after-ms 750 holds same-tenant clients
+    (docs/design/behavior.md#limiter-registry, docs/design/behavior.md#shared-backoff)."""
     srv = make_server(api_key=None, faults=["asample 429 x1 retry_after_ms=750"])
     other_srv = make_server()
     backed_off = threading.Event()
@@ -365,7 +378,8 @@ def test_429_retry_after_holds_every_client_of_the_tenant_only(make_server, make
 def test_429_without_retry_after_holds_1s_or_5s_by_prompt_size(
     make_server, make_client, tokens, hold
 ):
-    """T-B3 (B13): no Retry-After: 1 s for prompts <= 128 KiB, 5 s above (fake clock)."""
+    """No Retry-After: 1 s for prompts <= 128 KiB, 5 s above (fake clock)
+    (docs/design/behavior.md#shared-backoff)."""
     srv = make_server(faults=["asample 429 x1"])
     clock = FakeClock(rng=lambda: 0.5)
     events = Events()
@@ -392,7 +406,8 @@ def test_429_without_retry_after_holds_1s_or_5s_by_prompt_size(
     ],
 )
 def test_429_retry_after_is_honoured_only_in_0_to_60s(make_server, make_client, fault, hold):
-    """B13 (decision 9): Retry-After in (0, 60] s is the hold, else 1 s / 5 s."""
+    """Retry-After in (0, 60] s is the hold, else 1 s / 5 s (a deliberate difference:
+    docs/design/behavior.md#shared-backoff)."""
     srv = make_server(faults=[f"asample 429 x1 {fault}"])
     events = Events()
     sampler = sampler_of(make_client(srv, _clock=FakeClock(), hooks=[events]))
@@ -401,7 +416,8 @@ def test_429_retry_after_is_honoured_only_in_0_to_60s(make_server, make_client, 
 
 
 def test_402_inside_the_billing_window_sets_the_backoff(make_server, make_client):
-    """B13: a billing 402 on asample sets the shared deadline and resends the seq_id."""
+    """A billing 402 on asample sets the shared deadline and resends the seq_id
+    (docs/design/behavior.md#shared-backoff)."""
     srv = make_server(faults=["asample 402 x1"])
     clock = FakeClock(rng=lambda: 0.5)
     events = Events()
@@ -414,7 +430,7 @@ def test_402_inside_the_billing_window_sets_the_backoff(make_server, make_client
 
 
 def test_paused_sampling_poll_extends_the_deadline_training_does_not(make_server, make_client):
-    """T-B8 (B14)."""
+    """Pins docs/design/behavior.md#paused-queue-extends-backoff."""
     srv = make_server(
         faults=[
             "retrieve_future paused_rate_limit x1 match.request_type=ForwardBackward",
@@ -441,11 +457,12 @@ def test_paused_sampling_poll_extends_the_deadline_training_does_not(make_server
     assert limiter.backoff_until > float("-inf")
 
 
-# ------------------------------------------------------------------------------ retries (B15)
+# ------------------------------------------------------------------------------ retries
 
 
 def test_retries_take_new_seq_ids_and_request_failures_do_not(make_server, make_client):
-    """T-B9 (B15): a 503 escaping the submission loop and a polled 410 retry; failures don't."""
+    """A 503 escaping the submission loop and a polled 410 retry; failures don't
+    (docs/design/behavior.md#sampling-retry-layer)."""
     srv = make_server(
         faults=[
             "asample 503 x1 should_retry=false",
@@ -469,7 +486,8 @@ def test_retries_take_new_seq_ids_and_request_failures_do_not(make_server, make_
 
 
 def test_enable_retry_logic_false_and_server_no_retries(make_server, make_client):
-    """B15: the retry layer off (per config) or bypassed for sample() (per server flag)."""
+    """The retry layer off (per config) or bypassed for sample() (per server flag)
+    (docs/design/behavior.md#sampling-retry-layer)."""
     srv = make_server(faults=["asample 503 x1 should_retry=false"])
     sampler = sampler_of(make_client(srv), retry_config=RetryConfig(enable_retry_logic=False))
     with pytest.raises(InternalServerError):
@@ -486,7 +504,8 @@ def test_enable_retry_logic_false_and_server_no_retries(make_server, make_client
 
 
 def test_retry_config_delays_and_classification():
-    """B15 / SURFACE 2.8: min(base * 2^a, max) +- jitter, clamped; what is retryable."""
+    """min(base * 2^a, max) +- jitter, clamped; what is retryable
+    (docs/design/behavior.md#sampling-retry-layer, docs/design/surface.md#retry-config)."""
     from tinker_sync._transport import Reply  # noqa: F401  (import check only)
     from tinker_sync.exceptions import (
         APIConnectionError,
@@ -526,7 +545,8 @@ def test_retry_config_delays_and_classification():
 
 @pytest.mark.parametrize("poller", [False, True])
 def test_no_progress_for_7200s_fails_with_sampling_stuck_error(make_server, make_client, poller):
-    """T-B10 (B15): the progress timeout runs on the injected clock."""
+    """The progress timeout runs on the injected clock
+    (docs/design/behavior.md#sampling-retry-layer)."""
     cc = {"sample_use_retrieve_futures": True} if poller else None
     srv = make_server(client_config=cc, long_poll_s=0.2)
     srv.set_dynamic_config(sample_cancel_enabled=True)
@@ -550,7 +570,8 @@ def test_no_progress_for_7200s_fails_with_sampling_stuck_error(make_server, make
 
 
 def test_stuck_detection_can_be_disabled_by_the_server(make_server, make_client):
-    """B15: server sample_enable_stuck_detection=false forces it off."""
+    """Server sample_enable_stuck_detection=false forces it off
+    (docs/design/behavior.md#sampling-retry-layer)."""
     srv = make_server(client_config={"sample_enable_stuck_detection": False}, long_poll_s=0.2)
     clock = FakeClock()
     sampler = sampler_of(make_client(srv, _clock=clock))
@@ -566,7 +587,8 @@ def test_stuck_detection_can_be_disabled_by_the_server(make_server, make_client)
 
 
 def test_concurrency_cap_parks_jobs_without_threads(make_server, make_client):
-    """B15: max_connections is honoured (capped by the server) and waiting jobs hold no thread."""
+    """max_connections is honoured (capped by the server) and waiting jobs hold no thread
+    (docs/design/behavior.md#sampling-retry-layer)."""
     srv = make_server(client_config={"sample_max_concurrent_requests": 3})
     service = make_client(srv)
     capped = sampler_of(service, retry_config=RetryConfig(max_connections=50))
@@ -594,7 +616,7 @@ def test_concurrency_cap_parks_jobs_without_threads(make_server, make_client):
 
 
 def test_cancel_during_backoff_sends_nothing_and_restores_permits(make_server, make_client):
-    """T-B11 (B13): through the public API."""
+    """Through the public API (docs/design/behavior.md#shared-backoff)."""
     srv = make_server(faults=["asample 429 x1 retry_after=30"])
     service = make_client(srv)
     sampler = sampler_of(service)
@@ -616,7 +638,8 @@ def test_cancel_during_backoff_sends_nothing_and_restores_permits(make_server, m
 def test_cancel_after_acceptance_stops_waiting_and_cancels_on_the_server(
     make_server, make_client, poller
 ):
-    """B25: polling stops and cancel_future is sent when the server enables it."""
+    """Polling stops and cancel_future is sent when the server enables it
+    (docs/design/behavior.md#sample-cancellation)."""
     cc = {"sample_use_retrieve_futures": True} if poller else None
     srv = make_server(client_config=cc)
     srv.set_dynamic_config(sample_cancel_enabled=True)
@@ -646,7 +669,8 @@ def test_cancel_after_acceptance_stops_waiting_and_cancels_on_the_server(
 
 @pytest.mark.parametrize("poller", [False, True])
 def test_close_fails_pending_samples(make_server, make_client, poller):
-    """SURFACE 2.3: close() stops the poller; pending samples fail, later calls raise."""
+    """close() stops the poller; pending samples fail, later calls raise
+    (docs/design/surface.md#sampling-client)."""
     cc = {"sample_use_retrieve_futures": True} if poller else None
     srv = make_server(client_config=cc, long_poll_s=0.3)
     sampler = sampler_of(make_client(srv))
@@ -662,7 +686,7 @@ def test_close_fails_pending_samples(make_server, make_client, poller):
     release(srv)
 
 
-# ------------------------------------------------------------------------------ seq_ids (B10)
+# ------------------------------------------------------------------------------ seq_ids
 
 
 def _seq_id_run(make_server: Any, make_client: Any, threads: int, per_thread: int) -> None:
@@ -702,18 +726,20 @@ def _seq_id_run(make_server: Any, make_client: Any, threads: int, per_thread: in
 
 
 def test_64_threads_on_two_clones_yield_unique_seq_ids(make_server, make_client):
-    """T-B12 (B10), reduced size: 64 threads x 16 samples."""
+    """64 threads x 16 samples (reduced size) (docs/design/behavior.md#sampling-lock-free-seq-ids)."""
     _seq_id_run(make_server, make_client, 64, 16)
 
 
 @pytest.mark.full
 def test_64_threads_x_500_samples_unique_seq_ids(make_server, make_client):
-    """T-B12 (B10), full size: 64 threads x 500 samples on two clones."""
+    """64 threads x 500 samples on two clones (full size)
+    (docs/design/behavior.md#sampling-lock-free-seq-ids)."""
     _seq_id_run(make_server, make_client, 64, 500)
 
 
 def test_join_sampling_session_assigns_clone_ids(make_server, make_client):
-    """B53: with sample_join_sampling_session the server hands out clone ids, once each."""
+    """With sample_join_sampling_session the server hands out clone ids, once each
+    (docs/design/behavior.md#credential-free-pickles)."""
     srv = make_server(client_config={"sample_join_sampling_session": True})
     original = sampler_of(make_client(srv, pickle_credentials=True))
     clones = [pickle.loads(pickle.dumps(original)) for _ in range(2)]
@@ -731,7 +757,8 @@ def test_join_sampling_session_assigns_clone_ids(make_server, make_client):
 
 
 def test_handles_and_pickles_rebuild_clients_without_io(server, service):
-    """B53: the handle layout; unpickling and handle rebuilding send nothing."""
+    """The handle layout; unpickling and handle rebuilding send nothing
+    (docs/design/behavior.md#credential-free-pickles)."""
     sampler = sampler_of(service, record_stability_info=True)
     handle = sampler.get_sampler_handle()
     import base64

@@ -9,12 +9,19 @@ Usage::
     lane.submit(fetch_payload, request_id)
     call_later(clock, 2.5, "sample-submit", retry, job)    # no thread sleeps meanwhile
 
-Why not ``ThreadPoolExecutor``: since Python 3.9 its workers are joined at interpreter exit, so a
-45 s long poll in flight would hold a finished script open (B55). These workers are daemon
-threads: they grow lazily up to ``max_workers``, park when idle (and exit after 30 s idle), and
-never delay exit. Overflow queues FIFO. Jobs must never wait on a job of their own pool (B54).
+Why not ``ThreadPoolExecutor``: not interpreter exit -- the SDK's exit hook
+(:func:`tinker_sync._clock.register_exit_callback`) already shuts in-flight long polls down
+before ``concurrent.futures`` joins its workers. The reasons are two things it does not do. Its
+idle workers never exit, while these leave after 30 s idle, or at once when the process's last
+client closes (:func:`retire_idle_threads`), so a burst of samples leaves no parked threads
+behind. And its jobs are futures owned by the pool, while these are plain callables that the
+thread waiting in ``result()`` can claim and run itself (:class:`Claimable`), so a sequential
+``sample().result()`` makes no thread hand-off and no step pays for a second future. The workers
+are daemon threads that grow lazily up to ``max_workers`` and never delay exit; overflow queues
+FIFO; a job must never wait on a job of its own pool (docs/design/behavior.md#thread-inventory).
 
-**Thread inventory (B54).** Threads are named ``tinker_sync-<role>-<n>``. Process-wide pools:
+**Thread inventory (docs/design/behavior.md#thread-inventory).** Threads are named
+``tinker_sync-<role>-<n>``. Process-wide pools:
 
 =================  =====  ==============================================================
 role               size   what runs there
@@ -61,7 +68,8 @@ from tinker_sync._fork import fork_generation, make_lock, register_after_fork
 
 log = logging.getLogger("tinker_sync.executor")
 
-#: Default sizes per role (BEHAVIOR B54); change them with :func:`configure_threads`.
+#: Default sizes per role (docs/design/behavior.md#thread-inventory); change them with
+#: :func:`configure_threads`.
 DEFAULT_SIZES: dict[str, int] = {
     "sample-submit": 8,
     "sample-poll": 400,

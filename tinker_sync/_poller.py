@@ -1,4 +1,5 @@
-"""The session futures poller (``retrieve_futures``, B24) and best-effort sample cancels (B25).
+"""The session futures poller (``retrieve_futures``, docs/design/behavior.md#session-futures-poller)
+and best-effort sample cancels (docs/design/behavior.md#sample-cancellation).
 
 Usage (inside ``SamplingClient``)::
 
@@ -206,7 +207,8 @@ class SessionFuturesPoller:
     def _run(self) -> None:
         try:
             self._loop()
-        except BaseException as exc:  # never leave waiters hanging (B19)
+        except BaseException as exc:
+            # Never leave waiters hanging (docs/design/behavior.md#never-drop-a-failure).
             log.exception("futures poller for %s crashed", self.sampling_session_id)
             self._fail(f"the futures poller crashed: {type(exc).__name__}: {exc}")
         finally:
@@ -383,7 +385,7 @@ def _parse(data: object) -> tuple[list[dict[str, Any]], int]:
     return completions, cursor
 
 
-# -------------------------------------------------------------------- cancel_future (B25)
+# -------------------------------------------------------------------- cancel_future
 
 
 class CancelQueue:

@@ -61,7 +61,9 @@ __all__ = []
 
 
 class SampleJob:
-    """One ``sample()`` call: retries (B15) around dispatch (B12, B13) and the result wait.
+    """One ``sample()`` call: retries (docs/design/behavior.md#sampling-retry-layer) around dispatch
+    (docs/design/behavior.md#dispatch-gates, docs/design/behavior.md#shared-backoff) and the result
+    wait.
 
     Runs on the sample pools, one step at a time; never blocks a thread while waiting for a
     concurrency slot, a retry delay or (with the session poller) the result.
@@ -130,7 +132,8 @@ class SampleJob:
         return True
 
     def _on_cancel(self) -> None:
-        """Runs in the cancelling thread once ``fut.cancel()`` succeeded (B25)."""
+        """Runs in the cancelling thread once ``fut.cancel()`` succeeded
+        (docs/design/behavior.md#sample-cancellation)."""
         limiter = self.limiter
         if limiter is not None:
             limiter.wake(everything=False)  # a held ticket stops now, a queued one at its turn
@@ -436,7 +439,8 @@ class SampleJob:
 
 
 class PollerWaiter:
-    """A sample's registration with the session futures poller (B24)."""
+    """A sample's registration with the session futures poller
+    (docs/design/behavior.md#session-futures-poller)."""
 
     def __init__(
         self,
@@ -506,7 +510,8 @@ class Cancelled(Exception):
 
 
 def check_features(response: SampleResponse, alt_k: int, last_n: int | None) -> None:
-    """Fail loudly when the server silently ignored a newer sampling option (B16)."""
+    """Fail loudly when the server silently ignored a newer sampling option
+    (docs/design/behavior.md#sampling-wire-rules)."""
     if alt_k > 0 and response.prompt_alt_tokens is None:
         raise RuntimeError(
             f"prompt_alt_tokens_k={alt_k} was requested but the server returned no "

@@ -46,7 +46,8 @@ _shadow_lock = make_lock()
 
 
 def shadow_session(state: dict[str, Any]) -> tuple[Session, str]:
-    """One shadow session per (session id, holder snapshot) in this process (B53).
+    """One shadow session per (session id, holder snapshot) in this process
+    (docs/design/behavior.md#credential-free-pickles).
 
     Every client unpickled from the same sampler shares its transport and heartbeat thread;
     the session's background threads stop once the last of those clients is closed or

@@ -96,7 +96,8 @@ class RetryConfig:
 
 
 class RetryHandler:
-    """Concurrency slots and progress tracking for one (sampler, RetryConfig) (B15).
+    """Concurrency slots and progress tracking for one (sampler, RetryConfig)
+    (docs/design/behavior.md#sampling-retry-layer).
 
     A job that finds no free slot is parked (no thread waits); ``release`` hands the slot to
     the oldest parked job. Thread-safe; the registry is emptied in a forked child.

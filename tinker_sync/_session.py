@@ -4,23 +4,25 @@ Usage (inside the clients)::
 
     session = Session(config, clock=clock, hooks=hooks, user_metadata=..., with_session=True)
     session.ensure_started()                 # single-flight: config, JWT, dynamic config, session
-    reply = session.request(spec)            # HTTP retries inside the submission loop (B32, B33)
-    n = session.next_counter("model")        # per-session counters (B8)
+    reply = session.request(spec)            # HTTP retries inside the submission loop
+    n = session.next_counter("model")        # per-session counters
     session.close("success", None)
 
-Start-up runs once however many threads race (B45): ``client/config`` with the raw credential,
-the JWT exchange when the server enables it, ``client/dynamic_config`` (404 = defaults), then
-``create_session``; then the heartbeat thread (every 10 s, B46) and the timer thread (dynamic
-config refresh, telemetry flushes, and the background JWT refresh of B58 when the server
-enables JWT auth). A failed start is not cached: the next call tries again.
+Start-up runs once however many threads race (docs/design/behavior.md#lazy-single-init):
+``client/config`` with the raw credential, the JWT exchange when the server enables it,
+``client/dynamic_config`` (404 = defaults), then ``create_session``; then the heartbeat thread
+(every 10 s, docs/design/behavior.md#heartbeat) and the timer thread (dynamic config refresh,
+telemetry flushes, and the background JWT refresh of docs/design/behavior.md#jwt-auth when the
+server enables JWT auth). A failed start is not cached: the next call tries again.
 
 ``TINKER_LOG=debug|info`` (read when a Session is built, never at import) attaches one stderr
-handler to the ``tinker_sync`` and ``urllib3`` loggers (B61); see
+handler to the ``tinker_sync`` and ``urllib3`` loggers (docs/design/behavior.md#logging); see
 :func:`configure_logging_from_env`.
 
-Thread safety: every method may be called from any thread. Fork safety: a Session belongs to
-the process that started it; in a forked child ``ensure_started`` raises ForkedProcessError for
-session-owning work, while REST-only use rebuilds its transport (B52).
+Thread safety: every method may be called from any thread. Fork safety: a Session belongs to the
+process that started it; in a forked child ``ensure_started`` raises ForkedProcessError for
+session-owning work, while REST-only use rebuilds its transport
+(docs/design/behavior.md#forked-child-clients).
 """
 
 from __future__ import annotations
@@ -147,7 +149,8 @@ class Session:
         dynamic: DynamicConfig,
         clock: Clock = SYSTEM_CLOCK,
     ) -> Session:
-        """A session view rebuilt from a pickle or sampler handle (B53).
+        """A session view rebuilt from a pickle or sampler handle
+        (docs/design/behavior.md#credential-free-pickles).
 
         It sends nothing until first use, then skips ``client/config`` and
         ``create_session`` (it reuses the snapshot and the original session id) and
@@ -194,7 +197,7 @@ class Session:
         with self._lock:
             self._close_listeners.append(fn)
 
-    # ---------------------------------------------------------------- start-up (B45)
+    # ---------------------------------------------------------------- start-up
 
     def ensure_started(self) -> None:
         """Run the start-up once; concurrent callers wait for the same attempt."""
@@ -229,7 +232,8 @@ class Session:
         starting.set_result(None)
 
     def _adopt_child(self) -> None:
-        """In a forked child: forget the parent's session and threads (B49, B52)."""
+        """In a forked child: forget the parent's session and threads
+        (docs/design/behavior.md#fork-detection, docs/design/behavior.md#forked-child-clients)."""
         with self._lock:
             if self._pid == os.getpid():
                 return
@@ -488,7 +492,8 @@ class Session:
         self._wake.set()
 
     def _tick_auth(self) -> float:
-        """Drive the JWT background refresh (B58); seconds until it wants the next tick."""
+        """Drive the JWT background refresh (docs/design/behavior.md#jwt-auth); seconds until it
+        wants the next tick."""
         transport = self._transport
         tick = getattr(transport.auth, "tick", None) if transport is not None else None
         if tick is None:
@@ -521,7 +526,7 @@ class Session:
             if telemetry is not None and telemetry.next_flush_in() <= 0:
                 telemetry.flush()
 
-    # ---------------------------------------------------------------- close (B47)
+    # ---------------------------------------------------------------- close
 
     def close(self, status: str = "success", detail: str | None = None) -> None:
         """Finish the session (if one was started), stop the loops, fail pending work."""
@@ -604,7 +609,7 @@ def status_of(exc: BaseException) -> int | None:
     return exc.status_code if isinstance(exc, APIStatusError) else None
 
 
-# -------------------------------------------------------------------- TINKER_LOG (B61)
+# -------------------------------------------------------------------- TINKER_LOG
 
 _LOG_HANDLER_NAME = "tinker_sync-TINKER_LOG"
 _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO}

@@ -6,12 +6,13 @@ Usage::
     futs = [sampler.sample(prompt, 4, SamplingParams(max_tokens=32)) for prompt in prompts]
     texts = [tok.decode(s.tokens) for f in futs for s in f.result().sequences]
 
-How one ``sample()`` travels (nothing blocks the caller; no lock is held across I/O, B10):
+How one ``sample()`` travels (nothing blocks the caller; no lock is held across I/O,
+docs/design/behavior.md#sampling-lock-free-seq-ids):
 
 1. Validation in the caller's thread (``ValueError`` / ``TypeError``). Once the session is
    started and the clone id known, the sample is queued from the caller's thread; before
    that, a job on the ``sample-submit`` pool does the start-up first.
-2. The retry handler's concurrency slot (B15): server ``sample_max_concurrent_requests`` (an
+2. The retry handler's concurrency slot (docs/design/behavior.md#sampling-retry-layer): server ``sample_max_concurrent_requests`` (an
    explicit ``RetryConfig.max_connections`` is capped by it), unlimited while the session
    futures poller is in use. A job waiting for a slot holds no thread.
 3. The dispatcher of the (base URL, credential) limiter (docs/limiter.md): one FIFO queue per
@@ -25,8 +26,8 @@ How one ``sample()`` travels (nothing blocks the caller; no lock is held across 
    the same seq_id. The gates are released when the server accepts the request.
 4. The result: a per-future long poll on ``sample-poll``, or, when server
    ``sample_use_retrieve_futures`` is on, one session poller thread per (sampler, clone)
-   that wakes the waiter, after which the payload is fetched on a bounded lane (B24).
-5. Retries (B15): timeouts, connection errors, 408/409/429/5xx and 410 retry the whole
+   that wakes the waiter, after which the payload is fetched on a bounded lane (docs/design/behavior.md#session-futures-poller).
+5. Retries (docs/design/behavior.md#sampling-retry-layer): timeouts, connection errors, 408/409/429/5xx and 410 retry the whole
    sample under a new seq_id after ``min(base * 2^a, max)`` s +- jitter, without an attempt
    limit; ``RequestFailedError`` never. ``progress_timeout`` (7,200 s) without any completed
    request fails the call with :class:`SamplingStuckError`.
@@ -35,13 +36,15 @@ Steps 1-4 queued on a pool may instead run in a thread already blocked in ``fut.
 (no timeout, no done-callback) if no worker has taken them yet (:class:`Claimable`): a
 sequential ``sample(...).result()`` loop then sends from the caller's thread, without hand-offs.
 
-Cancelling a sample future (B25) before acceptance releases its gates and sends nothing; after
-acceptance, polling stops and, when dynamic config ``sample_cancel_enabled`` is on, the
-request id is sent to ``POST /api/v1/cancel_future`` (best effort).
+Cancelling a sample future (docs/design/behavior.md#sample-cancellation) before acceptance releases
+its gates and sends nothing; after acceptance, polling stops and, when dynamic config
+``sample_cancel_enabled`` is on, the request id is sent to ``POST /api/v1/cancel_future`` (best
+effort).
 
-Thread safety: share freely; no lock is held across I/O. Fork safety: in a forked child the
-client rebuilds its transport and samples under a new clone id (B52). Pickles carry no
-credential unless ``pickle_credentials=True`` (B53).
+Thread safety: share freely; no lock is held across I/O. Fork safety: in a forked child the client
+rebuilds its transport and samples under a new clone id
+(docs/design/behavior.md#forked-child-clients). Pickles carry no credential unless
+``pickle_credentials=True`` (docs/design/behavior.md#credential-free-pickles).
 """
 
 from __future__ import annotations
@@ -230,9 +233,10 @@ class SamplingClient:
         with self._seq_lock:  # fork-safe lock: fresh and unlocked in a child
             if os.getpid() == self._pid:
                 return
-            # A forked child acts as if unpickled (B52): a shadow of the parent's session with
-            # fresh transport state, and a new clone id so seq_ids never collide. The parent's
-            # transport, poller and threads are abandoned, never closed (B50).
+            # A forked child acts as if unpickled (docs/design/behavior.md#forked-child-clients): a
+            # shadow of the parent's session with fresh transport state, and a new clone id so
+            # seq_ids never collide. The parent's transport, poller and threads are abandoned, never
+            # closed (docs/design/behavior.md#drop-inherited-transport).
             from tinker_sync._session import Session
 
             parent = self._session
@@ -555,7 +559,8 @@ def _check_int(name: str, value: object, *, minimum: int) -> None:
 
 
 def _restore_sampling_client(state: dict[str, Any]) -> SamplingClient:
-    """Unpickle / rebuild from a handle: no I/O until first use (B53)."""
+    """Unpickle / rebuild from a handle: no I/O until first use
+    (docs/design/behavior.md#credential-free-pickles)."""
     session, key = shadow_session(state)
     holder = state["holder"]
     client = SamplingClient._create(
