@@ -167,6 +167,7 @@ class Health:
         self._warned = False
         self._last_warned = 0.0
         self._failures = 0
+        self._last_failure: float | None = None
         self._progress: dict[str, Progress] = {}
         #: Summary of what is pending, for the warning (set by the owning client).
         self.describe_pending: Callable[[], str] = self._describe_tracked
@@ -194,6 +195,7 @@ class Health:
         next attempt fails too."""
         now = self.clock.monotonic()
         with self._lock:
+            self._last_failure = now
             self._failures += 1
             if self._failing_since is None:
                 self._failing_since = now
@@ -246,6 +248,11 @@ class Health:
                 now - since,
                 failures,
             )
+
+    def recently_failed(self, window_s: float) -> bool:
+        """Whether an attempt failed in the last ``window_s`` seconds (a lossy network)."""
+        last = self._last_failure
+        return last is not None and self.clock.monotonic() - last < window_s
 
     @property
     def failing_since(self) -> float | None:

@@ -47,7 +47,7 @@ from tinker_sync._polldecide import decide_transport_error as _transport_error
 from tinker_sync._pollhold import PollPlan
 from tinker_sync._ratelimit import Stopped
 from tinker_sync._session import Session
-from tinker_sync._transport import Pool, RequestSpec, emit_hook
+from tinker_sync._transport import Pool, Reply, RequestSpec, emit_hook
 from tinker_sync.exceptions import (
     APIConnectionError,
     APIResponseValidationError,
@@ -201,6 +201,13 @@ class Poll:
         deadline = None if self.poll_timeout is None else clock.monotonic() + self.poll_timeout
         transport = self.session.transport
         hold = self.session.poll_hold
+        hedger = self.session.hedger
+
+        def send() -> Reply:
+            # A poll may be repeated: the server answers the same result again (hedging).
+            with hold.polling() as plan:
+                return transport.send_once(self._spec(plan))
+
         billing_window = float(self.session.server.billing_exception_max_pause_duration_sec)
         while True:
             if self.is_cancelled():
@@ -213,8 +220,12 @@ class Poll:
             started = clock.monotonic()
             status: int | None = None
             try:
-                with hold.polling() as plan:
-                    reply = transport.send_once(self._spec(plan))
+                reply = hedger.run(
+                    f"poll:{self.request_type}",
+                    send,
+                    abort=lambda ident: transport.abort_threads([ident], (Pool.RETRIEVE_PROMISE,)),
+                    read_timeout=hold.plan().timeout.read,
+                )
             except APIConnectionError as exc:
                 decision = _transport_error(exc, self.counters, jitter=clock.random())
                 self.progress.last_status = type(exc).__name__

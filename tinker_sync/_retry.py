@@ -332,8 +332,11 @@ def send_with_retries(
     max_retries: int | None = None,
     clock: Clock | None = None,
     hooks: Sequence[Hook] | None = None,
+    send: Callable[[RequestSpec, int], Reply] | None = None,
 ) -> Reply:
     """Send ``spec`` with HTTP-level retries and return the first reply with status < 400.
+
+    ``send(spec, attempt)`` replaces ``transport.send_once`` (the session's hedged send).
 
     ``max_retries``: argument, else ``spec.max_retries``, else the client's (default 10).
     ``clock``/``hooks`` default to the transport's. Raises the status exception
@@ -348,12 +351,13 @@ def send_with_retries(
     clock = transport.clock if clock is None else clock
     hooks = transport.hooks if hooks is None else tuple(hooks)
     window = retry_window(transport)
+    send_once = transport.send_once if send is None else send
     start = clock.monotonic()
     k = 0
     while True:
         attempt_start = clock.monotonic()
         try:
-            reply = transport.send_once(spec, attempt=k)
+            reply = send_once(spec, k)
         except Exception as exc:
             now = clock.monotonic()
             # No connection at all: retries stay within ``timeout`` seconds of the first

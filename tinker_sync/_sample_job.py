@@ -269,7 +269,12 @@ class SampleJob:
         if self.submit_retry is None:
             self.submit_retry = session.submission_retry("sample", stop=self.stop_reason)
         try:
-            reply = send_with_retries(session.transport, self.spec, max_retries=0)
+            # The server answers a repeated seq_id with the same future: a slow send may be
+            # hedged (a second copy on a lossy network).
+            transport = session.transport
+            reply = send_with_retries(
+                transport, self.spec, max_retries=0, send=session.hedged_send(transport)
+            )
             accepted = from_json(UntypedAPIFuture, reply.json())
         except APIStatusError as exc:
             if exc.status_code == 429 or (

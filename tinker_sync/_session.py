@@ -43,6 +43,7 @@ from tinker_sync._config import PROTOCOL_VERSION, ClientConfig, DynamicConfig, S
 from tinker_sync._credentials import StaticKeyAuth
 from tinker_sync._fork import make_lock, register_after_fork
 from tinker_sync._health import Health
+from tinker_sync._hedge import LOSSY_WINDOW_S, Hedger
 from tinker_sync._pollhold import PollHold
 from tinker_sync._ratelimit import Limiter, limiter_for
 from tinker_sync._retry import (
@@ -123,6 +124,8 @@ class Session:
         self.health = Health(config.normalized_base_url, clock)
         #: How long the server holds long polls (learned from its replies).
         self.poll_hold = PollHold(config.timeout.connect)
+        #: Second copies of slow repeatable requests while the network is lossy.
+        self.hedger = Hedger(lambda: self.health.recently_failed(LOSSY_WINDOW_S))
         self.telemetry: Telemetry | None = None
         self._transport: Transport | None = None
         self._limiter: Limiter | None = None
@@ -410,15 +413,38 @@ class Session:
             stop=stop,
         )
 
-    def request(self, spec: RequestSpec, *, loop: bool = True) -> Reply:
-        """Send ``spec``: HTTP retries, inside the submission loop unless ``loop=False``."""
+    def request(self, spec: RequestSpec, *, loop: bool = True, hedge: bool = False) -> Reply:
+        """Send ``spec``: HTTP retries, inside the submission loop unless ``loop=False``.
+
+        ``hedge=True`` (only for requests the server deduplicates, see ``_hedge``) races a
+        second copy against a slow attempt while the network is lossy.
+        """
         self.ensure_started()
         self.check_open()
         transport = self._transport
         assert transport is not None
+        send = self.hedged_send(transport) if hedge else None
         if not loop:
-            return send_with_retries(transport, spec)
-        return self._loop(transport, spec)
+            return send_with_retries(transport, spec, send=send)
+        return self.retry_loop(
+            lambda: send_with_retries(transport, spec, send=send), f"{spec.method} {spec.path}"
+        )
+
+    def hedged_send(self, transport: Transport) -> Callable[[RequestSpec, int], Reply]:
+        """A ``send_once`` replacement that hedges slow attempts (see :mod:`tinker_sync._hedge`)."""
+        hedger = self.hedger
+        default_read = self.config.timeout.read
+
+        def send(spec: RequestSpec, attempt: int) -> Reply:
+            read = spec.timeout.read if spec.timeout is not None else default_read
+            return hedger.run(
+                spec.path,
+                lambda: transport.send_once(spec, attempt),
+                abort=lambda ident: transport.abort_threads([ident], (spec.pool,)),
+                read_timeout=read,
+            )
+
+        return send
 
     def next_counter(self, name: str) -> int:
         """Take the next value of a per-session counter (``model``, ``sampling``, ...)."""

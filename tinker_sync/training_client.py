@@ -195,7 +195,8 @@ class TrainingClient:
         pool("train-poll").submit(poll_job.run)
 
     def _submit(self, spec: RequestSpec, seq_id: int) -> str:
-        reply = self._session.request(spec)
+        # A repeated seq_id gets the original future back, so a slow send may be hedged.
+        reply = self._session.request(spec, hedge=True)
         request_id = _request_id(reply.json()).request_id
         if log.isEnabledFor(logging.DEBUG):
             log.debug(

@@ -183,6 +183,49 @@ def test_one_lost_reply_does_not_fail_a_call_whose_read_timeout_is_the_retry_win
         assert list(server.state()["models"]) == [training.model_id]
 
 
+def test_a_hedged_training_send_is_applied_once_and_in_order() -> None:
+    """Once the network has lost a reply, a training send that gets no answer is raced by a
+    second copy after a delay derived from the recent send latencies; the second copy wins
+    (the first is held until its 10 s read timeout), and the server, which answers a repeated
+    seq_id with the original future, applies every step once and in order."""
+    fwdbwd = "/api/v1/forward_backward"
+    seen = 0
+
+    def script(exchange: Exchange) -> Fault | None:
+        nonlocal seen
+        if exchange.path != fwdbwd:
+            return None
+        seen += 1
+        return {13: Fault.RESET_AFTER, 15: Fault.HOLD}.get(seen)
+
+    with (
+        LocalServer(api_key=KEY) as server,
+        TcpFaultProxy(server.url, hold_max_s=HANG, script=script) as proxy,
+    ):
+        service = tinker_sync.ServiceClient(
+            base_url=proxy.url, api_key=KEY, timeout=tinker_sync.Timeout(10.0, connect=2.0)
+        )
+        try:
+            training = service.create_lora_training_client(BASE, rank=4)
+            for step in range(16):
+                training.forward_backward([datum(step)], "cross_entropy").result(HANG)
+            hedger = service._session.hedger
+            assert (hedger.sent, hedger.won) == (1, 1)
+        finally:
+            service.close()
+        assert proxy.counts() == {"reset_after": 1, "hold": 1}
+        assert server.app.applied(training.model_id) == [(0, "CreateModel")] + [
+            (seq, "ForwardBackward") for seq in range(1, 17)
+        ]
+        sends = server.requests.filter("forward_backward")
+        by_seq: dict[int, set[str]] = {}
+        for r in sends:
+            assert r.proto is not None
+            by_seq.setdefault(r.proto["seq_id"], set()).add(r.headers["x-idempotency-key"])
+        assert len(sends) == 18  # 16 steps, one retry after the lost reply, one hedge
+        assert all(len(keys) == 1 for keys in by_seq.values())  # copies share the key
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
     stop = threading.Event()
     end = time.monotonic() + timeout
@@ -284,9 +327,10 @@ def run_lossy(
                     for f in trained:
                         f.result(HANG * 4)
                     answers = [f.result(HANG) for f in futures]
+                hedges = service._session.hedger.sent
             finally:
                 service.close()
-            counts = proxy.counts()
+            counts = {**proxy.counts(), "hedges": hedges}
         ops = [(0, "CreateModel")] + [
             (seq, kind)
             for step in range(steps)

@@ -105,9 +105,14 @@ class Transport:
     def abort_polls(self, threads: Collection[int]) -> int:
         """Cut the long polls that ``threads`` are waiting on now (``close()``: a poll held by
         the server must not keep its socket and thread for the rest of its hold)."""
+        return self.abort_threads(threads, LONG_POLL_POOLS)
+
+    def abort_threads(self, threads: Collection[int], pools: Collection[Pool]) -> int:
+        """Shut down the sockets ``threads`` are sending or reading on in ``pools`` (their
+        requests fail with APIConnectionError at once; a hedge that won uses it)."""
         with self._lock:
-            pools = self._pools
-        return pools.abort_threads(threads, LONG_POLL_POOLS)
+            http = self._pools
+        return http.abort_threads(threads, pools)
 
     def pools(self) -> HttpPools:
         """This process's pools for the server (re-acquired after a fork)."""
