@@ -48,6 +48,10 @@ _HOLD_SMOKE = {"warmup": 5, "slack_s": 0.5, "settle_s": 0.2, "margin_s": 0.2}
 #: P10: the same total number of samples, and in flight, split over each count of processes.
 _SCALEOUT = {"procs": [1, 2, 4], "prompt": 64, "max_tokens": 16}
 
+#: P11 (lossy network, ``_worker_lossy.py``): every fault kind at ``rate``; each repetition is a
+#: faulted and a fault-free run with its own fault seed.
+_LOSSY = {"rate": 0.05, "threads": 8, "steps": 15, "sample_threads": 16}
+
 #: Per mode and benchmark: the workload size and the repetition counts. ``warmup`` runs are not
 #: recorded. ``reps`` >= 5 in the full mode, >= 3 under --quick, 1 under --smoke.
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
@@ -61,6 +65,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "import": {"warmup": 2, "reps": 15},
         "first": {"prompt": 64, "max_tokens": 16, "warmup": 1, "reps": 7},
         "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 3000, "warmup": 100, "reps": 5},
+        "lossy": {**_LOSSY, "samples": 1000, "reps": 5},
     },
     "quick": {
         "sample": {"n": 500, "prompt": 64, "max_tokens": 16, "warmup": 100, "reps": 3},
@@ -72,6 +77,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "import": {"warmup": 1, "reps": 5},
         "first": {"prompt": 64, "max_tokens": 16, "warmup": 1, "reps": 5},
         "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 1000, "warmup": 50, "reps": 3},
+        "lossy": {**_LOSSY, "samples": 300, "reps": 3},
     },
     "smoke": {
         "sample": {"n": 20, "prompt": 64, "max_tokens": 16, "warmup": 0, "reps": 1},
@@ -83,6 +89,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "import": {"warmup": 0, "reps": 1},
         "first": {"prompt": 64, "max_tokens": 16, "warmup": 0, "reps": 1},
         "scaleout": {**_SCALEOUT, "concurrency": 8, "n": 24, "warmup": 0, "reps": 1},
+        "lossy": {**_LOSSY, "threads": 1, "steps": 2, "samples": 8, "sample_threads": 4, "reps": 1},
     },
 }
 # P1T / P7T: the P1 and P7 workloads over HTTPS (the same sizes).

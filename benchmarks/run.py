@@ -38,6 +38,8 @@ P8  time to first result in a fresh interpreter: import,          ratio <= 0.3
 P10 sample throughput from 4 worker processes vs 1, same total    4 processes >= 0.9 x 1 process;
     concurrency; client CPU per sample; spawned worker start to    first sample <= 500 ms (median)
     its first sample (tinker_sync only)
+P11 8 x 15 training steps and sample p99 / max through a TCP     train <= 120 s, p99 <= 15 s,
+    fault proxy at 5 % per fault kind, vs no faults (ours only)    max <= 45 s, exactly once
 ==  ==========================================================  ==================================
 
 Plus peak RSS of the P1 and P6 workers (no goal). Output: a table on stdout and JSON (``--out``,
@@ -82,6 +84,7 @@ WORKERS = {
     "raw": BENCH_DIR / "_worker_raw.py",
     "codec": BENCH_DIR / "_worker_codec.py",
     "scaleout": BENCH_DIR / "_worker_scaleout.py",
+    "lossy": BENCH_DIR / "_worker_lossy.py",
 }
 #: Which workers run each bench (``import`` runs in this process, timing fresh interpreters).
 BENCH_WORKERS: dict[str, tuple[str, ...]] = {
@@ -96,6 +99,7 @@ BENCH_WORKERS: dict[str, tuple[str, ...]] = {
     "import": (),
     "first": (),
     "scaleout": ("scaleout",),
+    "lossy": ("lossy",),
 }
 #: Benches whose rows are ratios of wall times: their repetitions run in rounds, one worker
 #: process per SDK per round (ours, official, raw, ours, ...), so a slow spell of a shared
@@ -380,6 +384,43 @@ ROWS: tuple[Row, ...] = (
             ("from_launch_ms", "scaleout", "first_sample_from_launch_s", 1e3),
         ),
     ),
+    # P11 (lossy network, benchmarks/_worker_lossy.py): tinker_sync through the TCP fault proxy
+    # of tests/reliability; "ours" with every fault kind at 5 %, "limit" the same run without.
+    Row(
+        "P11",
+        "8 threads x 15 (fwd/bwd + optim_step) at 5 % per TCP fault kind (limit: no faults)",
+        "s",
+        "lossy",
+        (("ours", "lossy", "train_s_faults"), ("limit", "lossy", "train_s_clean")),
+        "ours <= 120 s (the worker fails unless every op was applied once, in order)",
+        ratio_of="limit",
+        judge=lambda m, r, s: _le(m["ours"], 120.0),
+        detail=(("create_max_s", "lossy", "create_max_s_faults", 1.0),),
+    ),
+    Row(
+        "P11-P99",
+        "sample latency p99 at 5 % per TCP fault kind (limit: no faults)",
+        "s",
+        "lossy",
+        (("ours", "lossy", "sample_p99_s_faults"), ("limit", "lossy", "sample_p99_s_clean")),
+        "ours <= 15 s",
+        ratio_of="limit",
+        judge=lambda m, r, s: _le(m["ours"], 15.0),
+        detail=(
+            ("p50_s", "lossy", "sample_p50_s_faults", 1.0),
+            ("p50_s_clean", "lossy", "sample_p50_s_clean", 1.0),
+        ),
+    ),
+    Row(
+        "P11-MAX",
+        "slowest sample at 5 % per TCP fault kind (limit: no faults)",
+        "s",
+        "lossy",
+        (("ours", "lossy", "sample_max_s_faults"), ("limit", "lossy", "sample_max_s_clean")),
+        "ours <= 45 s",
+        ratio_of="limit",
+        judge=lambda m, r, s: _le(m["ours"], 45.0),
+    ),
     Row(
         "P1-RSS",
         "peak RSS of the P1 worker",
@@ -504,6 +545,7 @@ def _needed_benches(rows: list[Row]) -> list[str]:
         "first",
         "import",
         "scaleout",
+        "lossy",
     ]
     wanted = {row.bench for row in rows}
     return [b for b in order if b in wanted]
@@ -590,7 +632,7 @@ def collect(
                     ],
                 )
                 for tls in (False, True)
-                for worker in ("ours", "official", "raw", "codec", "scaleout")
+                for worker in ("ours", "official", "raw", "codec", "scaleout", "lossy")
             ]
         else:
             plan = []
