@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tinker_sync.sampling")
 
-__all__ = []
+__all__ = ["Cancelled", "PollerWaiter", "SampleJob", "check_features", "close_poller"]
 
 
 class SampleJob:

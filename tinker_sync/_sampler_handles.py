@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 #: Seq-id stride between clones: clone n samples under seq_ids [n * SEQ_STRIDE, (n + 1) * SEQ_STRIDE).
 SEQ_STRIDE = 1_000_000_000
 
-__all__ = []
+__all__ = ["SEQ_STRIDE", "new_clone_id", "release_shadow", "shadow_session"]
 
 
 def new_clone_id(join: bool) -> int | None:

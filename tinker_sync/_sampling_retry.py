@@ -37,7 +37,7 @@ from tinker_sync.exceptions import (
 if TYPE_CHECKING:
     from tinker_sync._session import Session
 
-__all__ = ["RetryConfig"]
+__all__ = ["RetryConfig", "RetryHandler", "handler_for"]
 
 
 def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:

@@ -45,7 +45,9 @@ from tinker_sync._validate import check_loss_inputs
 # Imported here, not lazily on worker threads (a fork during a first import on another
 # thread would leave the module's import lock held in the child).
 from tinker_sync._wire._converter import from_json, to_json
+from tinker_sync._wire._jsonresults import forward_backward_output_from_json
 from tinker_sync._wire._pbwire import uvarint
+from tinker_sync._wire._zstd import maybe_compress
 from tinker_sync.types import (
     AdamParams,
     Datum,
@@ -358,8 +360,6 @@ class TrainingClient:
         return fut
 
     def _send_chunk(self, body: bytes, seq_id: int, estimate: int, sdk_method: str | None) -> str:
-        from tinker_sync._wire._zstd import maybe_compress
-
         payload, headers = maybe_compress(
             _with_seq_id(body, seq_id), self._session.server.proto_compress_fwdbwd
         )
@@ -783,7 +783,6 @@ BackcompatTrainingClientFuture = TrainingClient
 
 
 def _decode_fwdbwd(decision: Decision) -> ForwardBackwardOutput:
-    from tinker_sync._wire._jsonresults import forward_backward_output_from_json
     from tinker_sync._wire._proto import decode_forward_backward_output
 
     if decision.protobuf:
