@@ -152,7 +152,8 @@ class Output:
         ``{"error": {"message", "details", "type", "status_code", "request_id"}}``.
         """
         if self.json:
-            doc: dict[str, Any] = {"message": message, "details": details}
+            shown = details.removeprefix("Details: ") if details else details
+            doc: dict[str, Any] = {"message": message, "details": shown}
             if exc is not None:
                 doc["type"] = type(exc).__name__
                 doc["status_code"] = getattr(exc, "status_code", None)
