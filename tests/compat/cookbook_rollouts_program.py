@@ -1,8 +1,8 @@
 """A tinker cookbook rollout batch whose group rollouts run on an executor, through tinker_sync.
 
-Run by tests/test_cookbook_executor.py, under the ``tinker`` alias::
+Run by tests/compat/test_cookbook_executor.py, under the ``tinker`` alias::
 
-    TINKER_API_KEY=... tinker-sync exec -- python tests/cookbook_rollouts_program.py URL spawn|ray
+    TINKER_API_KEY=... tinker-sync exec -- python tests/compat/cookbook_rollouts_program.py URL spawn|ray
 
 The cookbook says ``import tinker``; ``tinker-sync exec`` makes that tinker_sync in this process
 and in every worker it starts (spawn pool workers and Ray workers inherit the environment that

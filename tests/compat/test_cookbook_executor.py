@@ -1,7 +1,7 @@
 """The tinker cookbook's rollout executor with tinker_sync clients: a spawn pool and Ray.
 
 ``set_rollout_executor`` ships each group rollout, with its pickled SamplingClient, to an
-executor worker. The program (tests/cookbook_rollouts_program.py) runs under ``tinker-sync
+executor worker. The program (tests/compat/cookbook_rollouts_program.py) runs under ``tinker-sync
 exec`` (the ``tinker`` alias), which must reach the pool's and Ray's worker processes too; the
 workers get the API key from their environment only (the pickles carry none), and the server,
 which accepts only that key, must see every episode's sample exactly once. The cookbook's own
@@ -23,7 +23,7 @@ from tinker_sync._ratelimit import reset_limiters
 from tinker_sync.local import LocalServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 KEY = "tml-cookbook-executor-key-0123456789"
 
 if os.environ.get("CI"):  # .ci/run installs the cookbook: never skip there
