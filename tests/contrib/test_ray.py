@@ -32,7 +32,7 @@ else:
 
 from tinker_sync.contrib.ray import RayExecutor
 
-HANG = 60.0
+HANG = 120.0  # bounded, with room for Ray starting workers on a loaded 2-core machine
 KEY = "tml-ray-test-key-0123456789abcdef"
 BASE = "Qwen/Qwen3-8B"
 PROMPT = types.ModelInput.from_ints([1, 2, 3])
