@@ -37,6 +37,9 @@ role               size   what runs there
 ``train-poll``     64     training future polls.
 ``rest``           16     RestClient calls and best-effort ``cancel_future`` batches.
 ``async``          32     ``*_async`` bridges.
+``hedge``          8      second copies of slow requests (``_hedge``), only while the
+                          network is lossy; more at once wait their turn (and are dropped
+                          once the first copy has answered).
 ``timer``          1/clk  delayed jobs (sampling retries), one per clock in use.
 =================  =====  ==============================================================
 
@@ -77,6 +80,7 @@ DEFAULT_SIZES: dict[str, int] = {
     "train-poll": 64,
     "rest": 16,
     "async": 32,
+    "hedge": 8,
 }
 _IDLE_EXIT_S = 30.0
 

@@ -53,7 +53,7 @@ PRODUCERS = 4
 MIN_TRAIN_STEPS = 60
 #: Pool workers are process-wide and exit after 30 s idle (tinker_sync._executor).
 POOL_THREAD = re.compile(
-    r"^tinker_sync-(sample-submit|sample-poll|train-submit|train-poll|rest|async|timer)-\d+$"
+    r"^tinker_sync-(sample-submit|sample-poll|train-submit|train-poll|rest|async|hedge|timer)-\d+$"
 )
 IDLE_EXIT_BOUND = 45.0
 
