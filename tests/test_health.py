@@ -210,11 +210,30 @@ def test_warning_at_first_failure_then_once_a_minute_then_info(
     assert level == logging.INFO and "answers again" in text
     health.observe(_event(200))
     assert lines() == []
+    clock.advance(60.0)  # a minute after the last warning
     health.observe(_event(503))  # lost replies warn at the second in a row
     assert lines() == []
     health.observe(_event(502))
     [(level, text)] = lines()
     assert level == logging.WARNING and "HTTP 502" in text
+
+
+def test_a_flapping_network_warns_at_most_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    health = Health("http://host.test:8000", clock)
+    caplog.set_level(logging.INFO, logger="tinker_sync.health")
+    warnings = lambda: [r for r in caplog.records if r.levelno == logging.WARNING]  # noqa: E731
+    for _ in range(12):  # a new streak every 5 s: fail, fail, recover
+        health.observe(_event(None, "APITimeoutError"))
+        health.observe(_event(502))
+        health.observe(_event(200))
+        clock.advance(5.0)
+    assert len(warnings()) == 1  # the first streak's, at t=0
+    health.observe(_event(None, "APIConnectError"))  # t=60: the minute is up
+    assert len(warnings()) == 2
+    assert "cannot reach the Tinker server at http://host.test:8000" in warnings()[-1].getMessage()
 
 
 def test_warning_never_shows_user_info_of_the_url(caplog: pytest.LogCaptureFixture) -> None:

@@ -14,8 +14,9 @@ Usage (inside the SDK)::
 The warning goes through ``logging`` (logger ``tinker_sync.health``) at the first failed connect
 of a streak (or at the second failure in a row when replies are lost on open connections:
 resets, read timeouts, 502/503/504), naming the base URL (user info and secrets scrubbed) and
-what is pending; then at most once a minute while the streak lasts; an INFO line says when the
-server answers again (only after a warning).
+what is pending; then at most once a minute while the streak lasts, and never more than once a
+minute across streaks (a flapping network recovers and fails many times a minute); an INFO line
+says when the server answers again (only after a warning).
 
 A *stall* is a call with no useful answer for ``stall_timeout`` seconds: every attempt since the
 last useful answer was a connection error, a timeout or a 5xx. :class:`StallWatch` turns that
@@ -29,6 +30,7 @@ Fork safety: plain state; a forked child's session starts afresh.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -165,7 +167,7 @@ class Health:
         self._lock = make_lock()
         self._failing_since: float | None = None
         self._warned = False
-        self._last_warned = 0.0
+        self._last_warned = -math.inf
         self._failures = 0
         self._last_failure: float | None = None
         self._progress: dict[str, Progress] = {}
@@ -201,6 +203,10 @@ class Health:
                 self._failing_since = now
             if not self._warned:
                 if not connect and self._failures < 2:
+                    return
+                if now - self._last_warned < WARN_EVERY_S:
+                    # A flapping network starts a new streak after every recovery; it still
+                    # warns at most once a minute (the streak warns once the minute is up).
                     return
                 first = True
                 self._warned = True
