@@ -496,6 +496,39 @@ def test_spawn_pool_of_8_workers_samples_through_pickles_and_handles(srv, monkey
     _sample_in_pool("spawn", 8, srv, monkeypatch)
 
 
+WORKER_MODULES_SCRIPT = r"""
+import json, pickle, sys
+from tinker_sync import types
+client = pickle.loads(sys.stdin.buffer.read())
+client.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=3)).result(60)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_spawned_worker_sampling_over_http_skips_modules_it_does_not_need(srv, service):
+    """A fresh worker that unpickles a sampling client and samples once over plain http
+    imports neither asyncio (no event loop runs), requests nor the local server: each costs
+    start-up time in every spawned rollout worker."""
+    payload = pickle.dumps(service.create_sampling_client(base_model=BASE))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
+    env["TINKER_API_KEY"] = KEY
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER_MODULES_SCRIPT],
+        input=payload,
+        capture_output=True,
+        env=env,
+        timeout=HANG * 2,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+    loaded = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    assert "tinker_sync.sampling_client" in loaded  # the check below would be vacuous otherwise
+    tops = {name.split(".")[0] for name in loaded}
+    assert not {"asyncio", "requests"} & tops, sorted({"asyncio", "requests"} & tops)
+    assert not [name for name in loaded if name.startswith("tinker_sync.local")]
+
+
 # ------------------------------------------------------------------------------ official SDK
 
 

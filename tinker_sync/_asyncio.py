@@ -18,11 +18,14 @@ of method: :func:`awaiting_alias` awaits the returned ``APIFuture`` (REST calls,
 on an SDK thread (creation methods).
 
 Thread safety: the call runs on the SDK's ``async`` daemon pool. Fork safety: as the pools.
+
+This module does not import :mod:`asyncio`: building the aliases needs none of it, and a program
+that never awaits (a spawned rollout worker, say) should not pay for importing it. The only code
+that uses it runs inside a running event loop, where it is already imported.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 from collections.abc import Awaitable, Callable, Coroutine
@@ -39,6 +42,8 @@ P = ParamSpec("P")
 
 async def run_blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run ``fn(*args, **kwargs)`` on an SDK worker thread and await its result."""
+    import asyncio  # already loaded: this coroutine runs in an event loop (never a new import)
+
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[T] = loop.create_future()
     ctx = contextvars.copy_context()
