@@ -12,6 +12,7 @@ Benchmarks (``bench`` argument) and what they report, one value per repetition:
 * ``held``    -- client CPU-s while ``n`` sample futures wait ``window_s`` on held polls (P5)
 * ``poller``  -- peak OS threads with ``n`` pending samples, session poller on (P6)
 * ``latency`` -- p50 of sequential single-sample round trips, ms (P7)
+* ``busy``    -- p50 of a pipelined training step, idle and with ``n`` samples in flight (P9)
 """
 
 from __future__ import annotations
@@ -332,8 +333,76 @@ class SdkBench:
     bench_sample_tls = bench_sample
     bench_latency_tls = bench_latency
 
+    # -- P9 --------------------------------------------------------------------------------------
+    # Kept apart from the other rows: its own size entry ("busy"), its own row in run.py.
 
-BENCHES = ("sample", "train", "held", "poller", "latency", "sample_tls", "latency_tls")
+    def _step_times(self, training: Any, data: list[Any], adam: Any, count: int) -> list[float]:
+        """Wall time of each iteration of the pipelined loop (submit step k, read step k-1)."""
+        out: list[float] = []
+        pending: tuple[Any, Any] | None = None
+        for _ in range(count):
+            t0 = time.perf_counter()
+            step = (training.forward_backward(data, "cross_entropy"), training.optim_step(adam))
+            if pending is not None:
+                pending[0].result()
+                pending[1].result()
+            pending = step
+            out.append(time.perf_counter() - t0)
+        assert pending is not None
+        pending[0].result()
+        pending[1].result()
+        return out[1:]  # the first iteration only submits
+
+    def bench_busy(self) -> dict[str, Any]:
+        """p50 of a pipelined training step, idle and while ``n`` samples are in flight on the
+        same ServiceClient: accepted by the server and pending (their polls are held, so they
+        stay pending). Also reported: steps run during the submission burst itself."""
+        size = self.size
+        n, steps = int(size["n"]), int(size["steps"])
+        admin = Admin(self.args.url, self.args.api_key)
+        training = _resolve(self.service.create_lora_training_client(base_model=BASE_MODEL, rank=8))
+        sampler = self._sampler()
+        data = self._datums(int(size["datums"]), int(size["tokens"]))
+        adam = self.sdk.AdamParams(learning_rate=1e-4)
+        prompt, params = self._prompt(16), self._params(4)
+        self._check_sample(sampler.sample(prompt, 1, params).result(), 4)
+        for _ in range(int(size["warmup"])):
+            self._step_times(training, data, adam, 3)
+        idle: list[float] = []
+        busy: list[float] = []
+        burst: list[float] = []  # steps run while the n samples are still being dispatched
+        pending_at_end: list[float] = []  # samples still unfinished after the busy steps
+        with self.profiler.section():
+            for _ in range(int(size["reps"])):
+                idle_times = self._step_times(training, data, adam, steps)
+                idle.append(percentile(idle_times, 0.5) * 1e3)
+                # Sample polls are held (answered late, normally) well past the busy steps.
+                hold_s = 8.0 * sum(idle_times) + float(size["slack_s"])
+                admin.add_faults([f"retrieve_future x* delay={hold_s:g} match.request_type=Sample"])
+                try:
+                    base = admin.count("asample")
+                    futures = self._sample_many(sampler, prompt, params, n)
+                    burst_times = self._step_times(training, data, adam, steps)  # dispatching
+                    wait_until(lambda: admin.count("asample") >= base + n, timeout=600.0)
+                    times = self._step_times(training, data, adam, steps)  # all n pending
+                    in_flight = sum(not f.done() for f in futures)
+                finally:
+                    admin.clear_faults()
+                for f in futures:
+                    self._check_sample(f.result(), 4)
+                pending_at_end.append(float(in_flight))
+                busy.append(percentile(times, 0.5) * 1e3)
+                burst.append(percentile(burst_times, 0.5) * 1e3)
+        return {
+            "idle_p50_ms": idle,
+            "busy_p50_ms": busy,
+            "burst_p50_ms": burst,
+            "pending_at_end": pending_at_end,
+            "peak_rss_mb": peak_rss_mb(),
+        }
+
+
+BENCHES = ("sample", "train", "held", "poller", "latency", "sample_tls", "latency_tls", "busy")
 
 
 def main(sdk: ModuleType, label: str, args: WorkerArgs) -> None:

@@ -40,6 +40,8 @@ P10 sample throughput from 4 worker processes vs 1, same total    4 processes >=
     its first sample (tinker_sync only)
 P11 8 x 15 training steps and sample p99 / max through a TCP     train <= 120 s, p99 <= 15 s,
     fault proxy at 5 % per fault kind, vs no faults (ours only)    max <= 45 s, exactly once
+P9  pipelined train step p50 while 2,000 samples are in flight   ours <= 1.3 x our idle step
+    on the same ServiceClient (limit column: our idle step)
 ==  ==========================================================  ==================================
 
 Plus peak RSS of the P1 and P6 workers (no goal). Output: a table on stdout and JSON (``--out``,
@@ -100,6 +102,7 @@ BENCH_WORKERS: dict[str, tuple[str, ...]] = {
     "first": (),
     "scaleout": ("scaleout",),
     "lossy": ("lossy",),
+    "busy": ("ours", "official"),  # P9
 }
 #: Benches whose rows are ratios of wall times: their repetitions run in rounds, one worker
 #: process per SDK per round (ours, official, raw, ours, ...), so a slow spell of a shared
@@ -421,6 +424,28 @@ ROWS: tuple[Row, ...] = (
         ratio_of="limit",
         judge=lambda m, r, s: _le(m["ours"], 45.0),
     ),
+    # P9 (issue 14): a training step must not slow down behind a sampling backlog.
+    Row(
+        "P9",
+        "pipelined train step p50, 2,000 samples in flight",
+        "ms",
+        "busy",
+        (
+            ("ours", "ours", "busy_p50_ms"),
+            ("official", "official", "busy_p50_ms"),
+            ("limit", "ours", "idle_p50_ms"),
+        ),
+        "ours <= 1.3 x our idle step (limit column)",
+        ratio_of="limit",
+        judge=lambda m, r, s: _le(r, 1.3),
+        detail=(
+            ("official_idle_p50_ms", "official", "idle_p50_ms", 1.0),
+            ("ours_during_submission_p50_ms", "ours", "burst_p50_ms", 1.0),
+            ("official_during_submission_p50_ms", "official", "burst_p50_ms", 1.0),
+            ("ours_pending_at_end", "ours", "pending_at_end", 1.0),
+            ("official_pending_at_end", "official", "pending_at_end", 1.0),
+        ),
+    ),
     Row(
         "P1-RSS",
         "peak RSS of the P1 worker",
@@ -546,6 +571,7 @@ def _needed_benches(rows: list[Row]) -> list[str]:
         "import",
         "scaleout",
         "lossy",
+        "busy",
     ]
     wanted = {row.bench for row in rows}
     return [b for b in order if b in wanted]

@@ -144,8 +144,10 @@ class Limiter:
         self.key = key
         self.clock = clock
         self.shared = shared
-        #: Open the tenant's shared deadline file on first use (and again after close_shared).
-        self._share = share
+        #: Open the tenant's shared deadline file on first use (and again after close_shared),
+        #: in the directory (and with the switch) read when the limiter was made.
+        self._share = share and _sharedbackoff.enabled()
+        self._share_dir = _sharedbackoff.runtime_dir() if self._share else None
         # Fork-safe: a child may still reach a parent's limiter through an inherited object.
         self._lock = make_lock()
         self._gates_changed = make_condition(self._lock)
@@ -270,7 +272,9 @@ class Limiter:
         shared = self.shared
         if shared is None and self._share:
             self._share = False  # one attempt per opening; a failure is logged once
-            shared = self.shared = _sharedbackoff.open_shared_deadline(*self.key)
+            shared = self.shared = _sharedbackoff.open_shared_deadline(
+                *self.key, directory=self._share_dir
+            )
         return shared
 
     def close_shared(self) -> None:

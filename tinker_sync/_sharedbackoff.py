@@ -161,9 +161,12 @@ class SharedDeadline:
 
 
 def open_shared_deadline(
-    normalized_base_url: str, credential_identity: str
+    normalized_base_url: str, credential_identity: str, directory: str | None = None
 ) -> SharedDeadline | None:
-    """Open (creating if needed) the tenant's record; None means "per process" (see module)."""
+    """Open (creating if needed) the tenant's record; None means "per process" (see module).
+
+    ``directory`` defaults to :func:`runtime_dir` read now (the switch is read now too).
+    """
     if not enabled():
         return None
     try:
@@ -171,7 +174,8 @@ def open_shared_deadline(
     except ImportError:
         _fallback("no fcntl on this platform")
         return None
-    directory = runtime_dir()
+    if directory is None:
+        directory = runtime_dir()
     if directory is None:
         _fallback("no per-user runtime directory")
         return None
