@@ -880,8 +880,8 @@ def test_a_second_client_is_served_within_one_sender_behind_a_backlog(make_serve
     width = service._session.limiter.send_width
     assert width is not None
     a_futures = [a.sample(PROMPT, 1, PARAMS) for _ in range(3000)]
-    seen_before = srv.requests.count("asample")
-    b_future = b.sample(PROMPT, 1, PARAMS)
+    b_future = b.sample(PROMPT, 1, PARAMS)  # queued for dispatch when this returns
+    seen_before = srv.requests.count("asample")  # after: thread scheduling cannot widen the gap
     assert b_future.result(HANG).sequences
     log = [r.json["sampling_session_id"] for r in srv.requests.filter("asample")]
     b_index = len(log) - 1 - log[::-1].index(b.sampler_id)
