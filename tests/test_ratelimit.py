@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -116,9 +117,18 @@ def sdk_threads() -> set[str]:
     return {t.name for t in threading.enumerate() if t.name.startswith("tinker_sync-")}
 
 
+class SteppedClock(FakeClock):
+    """Virtual time moves only when the test advances it; a timed wait lasts 10 real ms."""
+
+    def wait(self, cond: Any, timeout: float | None) -> bool:
+        if timeout is None:
+            return super().wait(cond, None)
+        return bool(cond.wait(0.01))
+
+
 def test_200_tickets_parked_on_the_deadline_hold_no_thread_and_start_after_it():
     """The backoff wait is a timer, not blocked workers; nothing starts before the deadline."""
-    clock = FakeClock()
+    clock = SteppedClock()
     limiter = limiter_for("https://x", "k", clock)
     limiter.send_width = 1_000  # the backed-off gate of 10 binds, not the senders
     limiter.set_backoff(5.0, "429")
@@ -131,15 +141,19 @@ def test_200_tickets_parked_on_the_deadline_hold_no_thread_and_start_after_it():
     assert (snap["held"], snap["waiting"], snap["backed_off_count"]) == (10, 190, 0)
     assert not made.started
     assert threading.active_count() <= before + 1  # at most the executor's one timer thread
+    clock.advance(4.9)
+    made.submit("late")  # a pump before the deadline starts nothing either
+    assert not made.started
+    clock.advance(0.1)  # the deadline: the timer starts the held tickets
     released = 0
-    while released < 200:  # each release admits and starts the next ticket
+    while released < 201:  # each release admits and starts the next ticket
         until(lambda: len(made.started) > released)
         current = list(made.started)
         for name in current[released:]:
             made.done(name)
         released = len(current)
     assert min(made.started_at) >= 5.0
-    assert made.started == [f"t{i}" for i in range(200)]  # one owner: FIFO
+    assert made.started == [*(f"t{i}" for i in range(200)), "late"]  # one owner: FIFO
     snap = limiter.snapshot()
     assert (snap["count"], snap["backed_off_count"], snap["held"], snap["waiting"]) == (
         400,
