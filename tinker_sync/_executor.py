@@ -106,7 +106,7 @@ class DaemonPool:
         self._running = 0
         self._counter = 0
         self._peak = 0
-        self._retiring = False
+        self._retiring = _retire_when_idle
 
     @property
     def threads(self) -> int:
@@ -124,7 +124,6 @@ class DaemonPool:
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)``; start a worker if none is idle and the pool is not full."""
         with self._lock:
-            self._retiring = False
             self._jobs.append((fn, args))
             # A worker that just finished a job is not idle yet but will take the next one:
             # counting it avoids starting a thread the lane limits above would not need.
@@ -141,10 +140,10 @@ class DaemonPool:
             else:
                 self._wakeup.notify()
 
-    def retire_idle(self) -> None:
-        """Let idle workers exit now instead of after 30 s (until the next submit)."""
+    def retire_idle(self, retiring: bool = True) -> None:
+        """While ``retiring``, workers exit as soon as the queue is empty (not after 30 s)."""
         with self._lock:
-            self._retiring = True
+            self._retiring = retiring
             self._wakeup.notify_all()
 
     def _work(self) -> None:
@@ -286,12 +285,11 @@ class _Timer:
         self._heap: list[tuple[float, int, str, Job]] = []
         self._seq = itertools.count()
         self._running = False
-        self._retiring = False
+        self._retiring = _retire_when_idle
 
     def call_later(self, delay: float, role: str, fn: Callable[..., Any], *args: Any) -> None:
         due = self.clock.monotonic() + max(0.0, delay)
         with self._cond:
-            self._retiring = False
             heapq.heappush(self._heap, (due, next(self._seq), role, (fn, args)))
             self._cond.notify()
             if not self._running:
@@ -300,9 +298,9 @@ class _Timer:
                     target=self._run, name=f"tinker_sync-timer-{next(_timer_names)}", daemon=True
                 ).start()
 
-    def retire_idle(self) -> None:
+    def retire_idle(self, retiring: bool = True) -> None:
         with self._cond:
-            self._retiring = True
+            self._retiring = retiring
             self._cond.notify_all()
 
     def _run(self) -> None:
@@ -335,6 +333,7 @@ _sizes: dict[str, int] = dict(DEFAULT_SIZES)
 _pools_lock = threading.Lock()
 _timers: dict[int, _Timer] = {}
 _timer_names = itertools.count(1)
+_retire_when_idle = False
 
 
 def pool(role: str) -> DaemonPool:
@@ -378,18 +377,20 @@ def configure_threads(**sizes: int) -> None:
             _sizes[role] = value
 
 
-def retire_idle_threads() -> None:
-    """Let every idle pool worker and empty timer exit now (the last client was closed).
-
-    Busy workers exit when their job is done and nothing is queued; any later submit keeps
-    its pool alive again. Thread-safe.
+def retire_idle_threads(retiring: bool = True) -> None:
+    """While ``retiring`` (no client open in the process), pool workers and timers exit as
+    soon as they have nothing to do, instead of idling 30 s; jobs submitted meanwhile (e.g.
+    failing the last pending futures) still run. ``retiring=False`` (a client started again)
+    restores the 30 s idle time. Thread-safe.
     """
+    global _retire_when_idle
     with _pools_lock:
+        _retire_when_idle = retiring
         pools, timers = list(_pools.values()), list(_timers.values())
     for p in pools:
-        p.retire_idle()
+        p.retire_idle(retiring)
     for timer in timers:
-        timer.retire_idle()
+        timer.retire_idle(retiring)
 
 
 def thread_counts() -> dict[str, int]:
@@ -409,7 +410,8 @@ def reset_peaks() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _pools_lock
+    global _pools_lock, _retire_when_idle
+    _retire_when_idle = False
     _pools.clear()
     _timers.clear()
     _pools_lock = threading.Lock()

@@ -231,7 +231,10 @@ class Session:
             raise
         with self._lock:
             self._started = True
-        _count_open(+1)
+        if _count_open(+1) == 1:
+            from tinker_sync._executor import retire_idle_threads
+
+            retire_idle_threads(False)  # workers may idle again: a client is open
         starting.set_result(None)
 
     def _adopt_child(self) -> None:
