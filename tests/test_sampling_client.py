@@ -860,11 +860,12 @@ def test_a_backed_off_key_with_a_backlog_never_delays_another_key(make_server, m
         ]
 
     statuses = sent_by_a()
-    assert statuses.count(429) == 1 and len(statuses) <= width  # A is still backed off
-    assert sum(f.done() for f in a_futures) <= width - 1
+    # A is still backed off; a slow send may have had one hedged copy.
+    assert statuses.count(429) == 1 and len(statuses) <= 2 * width
+    assert sum(f.done() for f in a_futures) <= 2 * width
     service_a.close()  # A's parked samples fail at once, nothing else is sent
     failed = [f for f in a_futures if f.exception(HANG) is not None]
-    assert len(failed) >= 700 - (width - 1)
+    assert len(failed) >= 700 - 2 * width
     assert all(isinstance(f.exception(), ClientClosedError) for f in failed)
     assert sent_by_a() == statuses
 

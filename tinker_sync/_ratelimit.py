@@ -171,6 +171,7 @@ class Limiter:
         #: that were admitted early and are merely waiting for a thread.
         self.send_width: int | None = None
         self._active = 0
+        self._users = 0  # started sessions using this limiter
         self._bad_shared_logged = False
 
     # ---------------------------------------------------------------- sizing
@@ -248,9 +249,13 @@ class Limiter:
             )
         return result
 
-    def _merge_shared_locked(self, now: float) -> None:
-        """Adopt a later deadline published by another process (lock held)."""
-        shared = self._shared_file()
+    def _merge_shared_locked(self, now: float, *, reopen: bool = True) -> None:
+        """Adopt a later deadline published by another process (lock held).
+
+        ``reopen=False`` (a pump after a gate change) never reopens a file closed with the
+        process's last client: only a new dispatch, a send or a 429 does.
+        """
+        shared = self._shared_file() if reopen else self.shared
         if shared is None:
             return
         wall = shared.read()
@@ -277,6 +282,19 @@ class Limiter:
             )
         return shared
 
+    def add_user(self) -> None:
+        """A session started using this limiter."""
+        with self._lock:
+            self._users += 1
+
+    def remove_user(self) -> None:
+        """A session using this limiter closed; the last one closes the shared file."""
+        with self._lock:
+            self._users = max(0, self._users - 1)
+            last = self._users == 0
+        if last:
+            self.close_shared()
+
     def close_shared(self) -> None:
         """Close the shared deadline file (it is opened again on next use)."""
         with self._lock:
@@ -301,6 +319,7 @@ class Limiter:
     def enqueue(self, ticket: Ticket) -> None:
         """Queue a ticket behind its owner's earlier ones; it starts when admitted."""
         with self._lock:
+            self._shared_file()  # a new dispatch: (re)open the shared deadline
             queue = self._queues.get(ticket.owner)
             if queue is None:
                 queue = self._queues[ticket.owner] = collections.deque()
@@ -352,7 +371,7 @@ class Limiter:
         sample_bytes, _, _ = self._budgets()
         with self._lock:
             now = self.clock.monotonic()
-            self._merge_shared_locked(now)
+            self._merge_shared_locked(now, reopen=False)
             self._admit_locked(now, sample_bytes, stops)
             if self._held:
                 if now >= self.backoff_until:
@@ -523,14 +542,6 @@ def limiter_for(normalized_base_url: str, credential_identity: str, clock: Clock
             limiter = Limiter(key, clock, share=True)
             _registry[key] = limiter
         return limiter
-
-
-def close_shared_files() -> None:
-    """Close every limiter's shared deadline file (the process's last client was closed)."""
-    with _registry_lock:
-        limiters = list(_registry.values())
-    for limiter in limiters:
-        limiter.close_shared()
 
 
 def reset_limiters() -> None:

@@ -311,6 +311,7 @@ class Session:
             fwdbwd_dispatch_bytes=self.server.fwdbwd_dispatch_bytes_semaphore_size,
             inflight_response_bytes=self.server.inflight_response_bytes_semaphore_size,
         )
+        limiter.add_user()
         self._limiter = limiter
 
     def _create_session(self) -> None:
@@ -605,10 +606,10 @@ class Session:
                 # The last client of this process is closed: idle pool workers and timers
                 # exit now instead of lingering 30 s.
                 from tinker_sync._executor import retire_idle_threads
-                from tinker_sync._ratelimit import close_shared_files
 
                 retire_idle_threads()
-                close_shared_files()
+            if self._started and self._limiter is not None and not self.in_forked_child():
+                self._limiter.remove_user()  # the last session of a tenant closes its file
 
     def _join_background(self, timeout: float) -> None:
         """Wait (bounded) for the heartbeat and timer threads to notice the stop and exit.
