@@ -68,14 +68,22 @@ def test_pool_grows_lazily_to_its_cap_and_queues_fifo():
 
 def test_a_failing_job_does_not_kill_its_worker(caplog):
     p = DaemonPool("test-errors", 1)
+    p.retire_idle(False)  # an earlier test may have closed the process's last client
     ran = threading.Event()
+    workers: list[threading.Thread] = []
 
     def boom() -> None:
+        workers.append(threading.current_thread())
         raise RuntimeError("job error")
 
+    def after() -> None:
+        workers.append(threading.current_thread())
+        ran.set()
+
     p.submit(boom)
-    p.submit(ran.set)
+    p.submit(after)
     assert ran.wait(HANG)
+    assert workers[0] is workers[1]  # the same worker ran the job after the failing one
     assert p.threads == 1
     assert "unhandled error in test-errors job" in caplog.text
 
