@@ -183,6 +183,16 @@ def test_inventory_defaults_are_documented():
         assert f"``{role}``" in doc
 
 
+def test_the_pending_sample_budget_holds_even_while_hedging():
+    """1,000 pending samples through the session poller: 8 senders + 10 payload fetchers +
+    poller + heartbeat + two timers + the hedge pool (lossy networks only) fit in 24 threads."""
+    from tinker_sync._poller import FETCH_LANE_LIMIT
+
+    sizes = _executor.DEFAULT_SIZES
+    fixed = 4  # futures poller, heartbeat, the session's timer, the executor's timer
+    assert sizes["sample-submit"] + FETCH_LANE_LIMIT + sizes["hedge"] + fixed <= 24
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_forked_child_gets_fresh_pools_even_if_a_pool_lock_was_held():
     """Pools (and their locks) are rebuilt in a child (docs/design/behavior.md#fork-detection)."""

@@ -103,6 +103,26 @@ def test_a_hedge_that_answers_first_wins_and_cuts_the_first_copy() -> None:
     assert (hedger.sent, hedger.won) == (1, 1)
 
 
+def test_a_first_copy_that_answers_first_cuts_the_hedge_and_frees_its_thread() -> None:
+    hedger = warmed()
+    hedge = Blocked()
+    hedge_out = threading.Event()
+    calls = []
+
+    def send() -> Reply:
+        calls.append(threading.get_ident())
+        if len(calls) == 1:
+            assert hedge_out.wait(HANG)  # answer only once the copy is out
+            return reply(200, b"first")
+        hedge_out.set()
+        return hedge.send()  # blocks until its socket is cut
+
+    got = hedger.run("k", send, abort=hedge.abort, read_timeout=HANG)
+    assert got.content == b"first"
+    assert hedge.aborted.wait(HANG) and hedge.aborted_thread == calls[1] != calls[0]
+    assert (hedger.sent, hedger.won) == (1, 0)
+
+
 @pytest.mark.parametrize("hedge_outcome", ["raises", "503"])
 def test_a_failed_hedge_leaves_the_first_copy_alone(hedge_outcome: str) -> None:
     hedger = warmed()

@@ -37,16 +37,16 @@ role               size   what runs there
 ``train-poll``     64     training future polls.
 ``rest``           16     RestClient calls and best-effort ``cancel_future`` batches.
 ``async``          32     ``*_async`` bridges.
-``hedge``          8      second copies of slow requests (``_hedge``), only while the
+``hedge``          2      second copies of slow requests (``_hedge``), only while the
                           network is lossy; more at once wait their turn (and are dropped
-                          once the first copy has answered).
+                          once the first copy has answered). Two keep the budget below.
 ``timer``          1/clk  delayed jobs (sampling retries), one per clock in use.
 =================  =====  ==============================================================
 
 Per session: heartbeat and timer threads; per sampler with ``sample_use_retrieve_futures``
 on, one ``tinker_sync-futures-poller`` thread (exits when idle); per TrainingClient one sender.
 So 1,000 pending samples through the session poller need at most 24 SDK threads (8 senders,
-10 fetchers, poller, heartbeat, two timers), and 2,000 without it at most 400 polling threads
+10 fetchers, poller, heartbeat, two timers, and two hedges while the network is lossy), and 2,000 without it at most 400 polling threads
 plus the senders. Idle workers exit after 30 s, or at once when the process's last client is
 closed (:func:`retire_idle_threads`). :func:`configure_threads` changes the sizes before first
 use.
@@ -80,7 +80,7 @@ DEFAULT_SIZES: dict[str, int] = {
     "train-poll": 64,
     "rest": 16,
     "async": 32,
-    "hedge": 8,
+    "hedge": 2,
 }
 _IDLE_EXIT_S = 30.0
 

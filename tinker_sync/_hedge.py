@@ -14,7 +14,8 @@ read timeout before retrying. While the session has seen a failed attempt in the
 percentile of the recent latencies of that kind of request (at least :data:`MIN_DELAY_S`,
 and only when that is shorter than the read timeout). The first good answer (status < 400)
 wins; if the hedge wins, the first copy's socket is shut down so its thread returns the
-hedge's reply at once. At most one hedge per attempt; with a healthy network nothing changes
+hedge's reply at once, and if the first copy answers while the hedge is still out, the hedge's
+socket is shut down so its thread is free for the next hedge. At most one hedge per attempt; with a healthy network nothing changes
 (no thread hop, no second request).
 
 Only for requests that are safe to send twice: long polls (``retrieve_future`` answers the
@@ -57,6 +58,8 @@ class _Race:
         self.lock = make_lock()
         self.primary_done = False
         self.hedge_started = False
+        self.hedge_thread = 0
+        self.hedge_over = False  # the copy's send has returned (set under ``lock``)
         self.hedge_reply: Reply | None = None
         self.hedge_finished = threading.Event()
 
@@ -125,9 +128,12 @@ class Hedger:
             raise
         with race.lock:
             race.primary_done = True
-            hedged = race.hedge_started
-        if not hedged:
-            self.record(kind, time.monotonic() - start)
+            if not race.hedge_started:
+                self.record(kind, time.monotonic() - start)
+            elif not race.hedge_over:
+                # The first copy answered: cut the copy so its hedge thread is free at once.
+                # Under the lock, the copy's thread is still in that send.
+                abort(race.hedge_thread)
         return reply
 
     def _hedge(
@@ -137,6 +143,7 @@ class Hedger:
             if race.primary_done:
                 return
             race.hedge_started = True
+            race.hedge_thread = threading.get_ident()
         with self._lock:
             self.sent += 1
         reply: Reply | None = None
@@ -145,6 +152,8 @@ class Hedger:
         except Exception:
             pass
         finally:
+            with race.lock:
+                race.hedge_over = True
             if reply is not None and reply.status < 400:
                 race.hedge_reply = reply
             race.hedge_finished.set()

@@ -70,6 +70,20 @@ def test_try_again_reports_active_when_work_is_slow(tmp_path: Path) -> None:
         assert h.result(rid, proto=True).is_proto
 
 
+def test_an_active_pause_holds_polls_like_slow_work(tmp_path: Path) -> None:
+    """pause("active") stops work without the 1 s paused-poll cap: polls are held long_poll_s."""
+    with Harness(tmp_path, long_poll_s=2.0) as h:
+        _, sampler_id = _sampler(h)
+        h.app.pause("active", kind="sampling")
+        rid = h.asample(sampler_id, 0).json["request_id"]
+        t0 = time.monotonic()
+        r = h.poll(rid)
+        assert time.monotonic() - t0 >= 1.9  # not cut at 1 s
+        assert r.json == {"type": "try_again", "request_id": rid, "queue_state": "active"}
+        h.app.resume("sampling")
+        assert decode_sample(h.result(rid, proto=True)).sequences
+
+
 def test_pause_training_reports_state_and_reason(h: Harness) -> None:
     sid = h.new_session()
     mid = h.new_model(sid)

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = ["FutureApi"]
 
 #: How long a poll on a paused queue is held before answering try_again (bounded by long_poll_s).
+#: A pause in the ``active`` state only stops work (slow work, as a busy server has): its polls
+#: are held like any other pending future's.
 _PAUSED_POLL_S = 1.0
 
 
@@ -87,15 +89,17 @@ class FutureApi:
     async def _hold_poll(self, rec: FutureRecord, hold_s: float) -> HttpResponse | None:
         """Long-poll a pending future: None once it is done, else a try_again answer.
 
-        Held up to ``hold_s``; while its queue is paused, up to ``min(hold_s, 1 s)`` and
-        answered with the paused state (so the client learns it promptly).
+        Held up to ``hold_s``; while its queue is paused in a state other than ``active``, up to
+        ``min(hold_s, 1 s)`` and answered with the paused state (so the client learns it
+        promptly).
         """
         loop = asyncio.get_running_loop()
         start = loop.time()
         kind = self.app._pause_kind(rec.kind)
         while not rec.done and not self.app._closed:
             pause = self.app._paused[kind]
-            limit = hold_s if pause is None else min(hold_s, _PAUSED_POLL_S)
+            held_as_usual = pause is None or pause[0] == "active"
+            limit = hold_s if held_as_usual else min(hold_s, _PAUSED_POLL_S)
             remaining = start + limit - loop.time()
             if remaining <= 0:
                 state, reason = pause or ("active", None)

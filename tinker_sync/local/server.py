@@ -453,7 +453,11 @@ class LocalServer:
         *,
         kind: Kind = "all",
     ) -> None:
-        """Pause work: polls answer ``try_again`` with ``state`` and nothing advances."""
+        """Pause work: polls answer ``try_again`` with ``state`` and nothing advances.
+
+        ``state="active"`` only stops work (polls are held as long as for any pending
+        future), which is how a slow or busy server looks to clients.
+        """
         if state not in _PAUSE_STATES:
             raise ValueError(f"state must be one of {_PAUSE_STATES}, got {state!r}")
         if kind not in _KINDS:
