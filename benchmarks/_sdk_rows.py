@@ -9,7 +9,8 @@ Benchmarks (``bench`` argument) and what they report, one value per repetition:
 
 * ``sample``  -- ``n`` concurrent ``sample()`` calls: samples/s and client CPU-s per sample (P1, P2)
 * ``train``   -- pipelined forward_backward + optim_step steps: wall s per step (P3)
-* ``held``    -- client CPU-s while ``n`` sample futures wait ``window_s`` on held polls (P5)
+* ``held``    -- client CPU-s while ``n`` sample futures wait ``window_s`` (server's sampling
+  paused in the ``active`` state, polls long-polled) (P5)
 * ``poller``  -- peak OS threads with ``n`` pending samples, session poller on (P6)
 * ``latency`` -- p50 of sequential single-sample round trips, ms (P7)
 * ``busy``    -- p50 of a pipelined training step, idle and with ``n`` samples in flight (P9)
@@ -34,7 +35,6 @@ from _common import (
     cpu_by_thread_group,
     cpu_seconds,
     finish,
-    hold_fault,
     os_threads,
     peak_rss_mb,
     percentile,
@@ -69,6 +69,13 @@ class SdkBench:
                 base_url=self.args.url, api_key=self.args.api_key
             )
         return self._service
+
+    def close(self) -> None:
+        """Finish the ServiceClient's session (both SDKs: ``close(status)`` returns a future),
+        so that its threads and sessions do not count in the next bench run by this process."""
+        if self._service is not None:
+            self._service.close("success").result(timeout=60)
+            self._service = None
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -202,33 +209,29 @@ class SdkBench:
         wait_until(lambda: admin.count("asample") >= base + n, timeout=600.0, interval=0.05)
         return futures, time.monotonic() - t0
 
-    def _estimate_submit_s(self, sampler: Any, admin: Admin) -> float:
-        """Warm up with ``warmup`` unheld samples; the time ``n`` submissions should take."""
-        n, k = int(self.size["n"]), max(1, min(int(self.size["n"]), int(self.size["warmup"])))
-        futures, seconds = self._submit(sampler, admin, k)
+    def _warm_up(self, sampler: Any, admin: Admin) -> None:
+        """``warmup`` samples answered normally (connections and threads in place)."""
+        k = max(1, min(int(self.size["n"]), int(self.size["warmup"])))
+        futures, _ = self._submit(sampler, admin, k)
         for f in futures:
             self._check_sample(f.result(), 4)
-        return seconds * n / k
 
     def _held_round(
-        self, sampler: Any, admin: Admin, est_s: float, windows_s: float, measure: Callable[[], Any]
+        self, sampler: Any, admin: Admin, measure: Callable[[], Any]
     ) -> tuple[Any, float, int]:
-        """Hold every poll, submit ``n`` samples, wait until the server accepted them, settle,
-        run ``measure`` (the windows), release and drain. Returns (measurement, submit seconds,
-        futures completed before the windows ended -- 0 unless the hold was too short)."""
-        size = self.size
-        settle_s = float(size["settle_s"])
-        hold_s = (
-            2.0 * est_s + float(size["slack_s"]) + settle_s + windows_s + float(size["margin_s"])
-        )
-        admin.add_faults([hold_fault(hold_s)])
+        """Stop the server's sampling work (``pause`` in the ``active`` state: samples are
+        accepted and their polls long-polled as on a busy server), submit ``n`` samples, wait
+        until the server accepted them, settle, run ``measure`` (the windows), resume and drain.
+        Returns (measurement, submit seconds, futures completed before the windows ended -- 0
+        unless the pause leaked)."""
+        admin.call("POST", "pause", {"state": "active", "kind": "sampling"})
         try:
-            futures, submit_s = self._submit(sampler, admin, int(size["n"]))
-            time.sleep(settle_s)
+            futures, submit_s = self._submit(sampler, admin, int(self.size["n"]))
+            time.sleep(float(self.size["settle_s"]))
             value = measure()
             early = sum(1 for f in futures if f.done())
         finally:
-            admin.clear_faults()
+            admin.call("POST", "resume", {"kind": "sampling"})
         for f in futures:
             f.result()
         return value, submit_s, early
@@ -238,7 +241,7 @@ class SdkBench:
         window_s, reps = float(self.size["window_s"]), int(self.size["reps"])
         admin = Admin(self.args.url, self.args.api_key)
         sampler = self._sampler()
-        est_s = self._estimate_submit_s(sampler, admin)
+        self._warm_up(sampler, admin)
         by_thread: dict[str, float] = {}
 
         def measure() -> list[float]:
@@ -253,13 +256,12 @@ class SdkBench:
                         by_thread[name] = by_thread.get(name, 0.0) + sec / reps
             return out
 
-        values, submit_s, early = self._held_round(sampler, admin, est_s, reps * window_s, measure)
+        values, submit_s, early = self._held_round(sampler, admin, measure)
         return {
             "cpu_s_in_window": values,
             "cpu_s_by_thread_per_window": by_thread,
             "window_s": window_s,
             "submit_s": [submit_s],
-            "submit_estimate_s": est_s,
             "completed_early": early,
             "peak_rss_mb": peak_rss_mb(),
         }
@@ -276,17 +278,16 @@ class SdkBench:
         early = 0
         try:
             sampler = self._sampler()
-            est_s = self._estimate_submit_s(sampler, admin)
+            self._warm_up(sampler, admin)
             baseline = os_threads()
             for _ in range(int(self.size["reps"])):
                 with ThreadPeak() as monitor:
                     _, submit_s, done = self._held_round(
-                        sampler, admin, est_s, window_s, lambda: time.sleep(window_s)
+                        sampler, admin, lambda: time.sleep(window_s)
                     )
                 monitors.append(monitor)
                 submits.append(submit_s)
                 early += done
-                est_s = max(submits)
         finally:
             admin.set_client_config(sample_use_retrieve_futures=False)
         worst = max(monitors, key=lambda m: m.peak)
@@ -376,9 +377,9 @@ class SdkBench:
             for _ in range(int(size["reps"])):
                 idle_times = self._step_times(training, data, adam, steps)
                 idle.append(percentile(idle_times, 0.5) * 1e3)
-                # Sample polls are held (answered late, normally) well past the busy steps.
-                hold_s = 8.0 * sum(idle_times) + float(size["slack_s"])
-                admin.add_faults([f"retrieve_future x* delay={hold_s:g} match.request_type=Sample"])
+                # Sampling work stops (samples accepted and long-polled, as on a busy server)
+                # until the busy steps are over; training runs on.
+                admin.call("POST", "pause", {"state": "active", "kind": "sampling"})
                 try:
                     base = admin.count("asample")
                     futures = self._sample_many(sampler, prompt, params, n)
@@ -387,7 +388,7 @@ class SdkBench:
                     times = self._step_times(training, data, adam, steps)  # all n pending
                     in_flight = sum(not f.done() for f in futures)
                 finally:
-                    admin.clear_faults()
+                    admin.call("POST", "resume", {"kind": "sampling"})
                 for f in futures:
                     self._check_sample(f.result(), 4)
                 pending_at_end.append(float(in_flight))
@@ -415,6 +416,9 @@ def main(sdk: ModuleType, label: str, args: WorkerArgs) -> None:
     results: dict[str, Any] = {}
     for name in names:
         bench = SdkBench(sdk, label, args, name)
-        results[name] = getattr(bench, f"bench_{name}")()
+        try:
+            results[name] = getattr(bench, f"bench_{name}")()
+        finally:
+            bench.close()  # the next bench of this process starts without its clients
         bench.profiler.save()
     finish({"sdk": label, "benches": results})

@@ -29,7 +29,7 @@ P1T P1 over HTTPS                                                as P1
 P2  client CPU-s per sample in P1                                ratio <= 0.2
 P3  pipelined training step wall time (fwd/bwd + optim_step)     ratio <= 1.0
 P4  encoding a forward_backward (chunking + serialization)       ratio <= 1.0, ours <= 2 x raw
-P5  client CPU-s while n futures wait on held polls              <= 0.05 per 10 s, <= official
+P5  client CPU-s while n futures wait on long polls              <= 0.05 per 10 s, <= official
 P6  peak threads with n pending samples, session poller on       <= 24
 P7  single-sample latency p50 (sequential)                       ours / limit <= 1.2
 P7T P7 over HTTPS                                                as P7
@@ -257,7 +257,7 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "P5",
-        "client CPU while futures wait on held polls",
+        "client CPU while futures wait on long polls",
         "CPU-s/window",
         "held",
         (

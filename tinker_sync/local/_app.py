@@ -46,7 +46,7 @@ from tinker_sync.local import _wirecodec as codec
 from tinker_sync.local._body import (
     HttpError,
 )
-from tinker_sync.local._httpapi import HttpRequest, HttpResponse
+from tinker_sync.local._httpapi import QUEUE_STATES, HttpRequest, HttpResponse
 from tinker_sync.local._jwt import JwtSigner, UrlSigner, looks_like_jwt
 from tinker_sync.local._ordering import Offer, SeqQueue
 from tinker_sync.local._polls import FutureApi
@@ -84,8 +84,6 @@ logger = logging.getLogger("tinker_sync.local")
 T = TypeVar("T")
 
 API_PREFIX = "/api/v1/"
-
-_QUEUE_STATES = ("active", "paused_capacity", "paused_rate_limit")
 
 
 class TinkerApp:
@@ -271,8 +269,8 @@ class TinkerApp:
         """
         if kind not in ("all", "sampling", "training"):
             raise ValueError(f"kind must be 'all', 'sampling' or 'training', got {kind!r}")
-        if state not in _QUEUE_STATES:
-            raise ValueError(f"state must be one of {_QUEUE_STATES}, got {state!r}")
+        if state not in QUEUE_STATES:
+            raise ValueError(f"state must be one of {QUEUE_STATES}, got {state!r}")
         kinds = ("training", "sampling") if kind == "all" else (kind,)
 
         def apply() -> None:

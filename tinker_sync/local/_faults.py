@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
-from tinker_sync.local._httpapi import HttpResponse, PollFault
+from tinker_sync.local._httpapi import QUEUE_STATES, HttpResponse, PollFault
 
 __all__ = [
     "Fault",
@@ -61,7 +61,6 @@ __all__ = [
     "parse_fault",
 ]
 
-_QUEUE_STATES = ("paused_rate_limit", "paused_capacity", "active")
 _FAIL_CATEGORIES = ("user", "server", "unknown")
 _DROP_MODES = ("before", "after")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -154,8 +153,8 @@ class Fault:
             raise bad(f"'status' must be an HTTP status code, got {self.status!r}")
         if self.drop is not None and self.drop not in _DROP_MODES:
             raise bad(f"'drop' must be 'before' or 'after', got {self.drop!r}")
-        if self.queue_state is not None and self.queue_state not in _QUEUE_STATES:
-            raise bad(f"'queue_state' must be one of {_QUEUE_STATES}, got {self.queue_state!r}")
+        if self.queue_state is not None and self.queue_state not in QUEUE_STATES:
+            raise bad(f"'queue_state' must be one of {QUEUE_STATES}, got {self.queue_state!r}")
         if self.fail is not None and self.fail not in _FAIL_CATEGORIES:
             raise bad(f"'fail' must be one of {_FAIL_CATEGORIES}, got {self.fail!r}")
         for key in ("retry_after_ms", "retry_after_date"):
@@ -517,7 +516,7 @@ def _parse_compact(spec: str) -> Fault:
             put("status", int(text))
         elif text in ("drop-before", "drop-after"):
             put("drop", text[5:])
-        elif text in _QUEUE_STATES:
+        elif text in QUEUE_STATES:
             put("queue_state", text)
         elif text.startswith("fail:"):
             put("fail", text[5:])

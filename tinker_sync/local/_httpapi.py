@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
+
+QueueState = Literal["active", "paused_capacity", "paused_rate_limit"]
+#: The queue states a ``try_again`` poll answer reports (and ``pause`` / fault rules accept).
+QUEUE_STATES: tuple[str, ...] = get_args(QueueState)
 
 
 @dataclass

@@ -40,16 +40,14 @@ from typing import IO, Any, Literal
 from tinker_sync.local._admin import AdminApi, AdminChannel, RemoteFaultPlan, RemoteRequestLog
 from tinker_sync.local._faults import FaultPlan, FaultSpec, as_plan, parse_fault
 from tinker_sync.local._http import HttpServer
-from tinker_sync.local._httpapi import App
+from tinker_sync.local._httpapi import QUEUE_STATES, App, QueueState
 from tinker_sync.local._log import RequestLog
 
 __all__ = ["LocalServer"]
 
 Backend = Literal["instant", "tiny"]
-QueueState = Literal["paused_rate_limit", "paused_capacity"]
 Kind = Literal["all", "sampling", "training"]
 
-_PAUSE_STATES = ("paused_rate_limit", "paused_capacity")
 _KINDS = ("all", "sampling", "training")
 _CHILD_READY_TIMEOUT_S = 120.0
 #: Records kept by ``LocalServer.requests`` (older ones are evicted; counts stay exact).
@@ -458,8 +456,8 @@ class LocalServer:
         ``state="active"`` only stops work (polls are held as long as for any pending
         future), which is how a slow or busy server looks to clients.
         """
-        if state not in _PAUSE_STATES:
-            raise ValueError(f"state must be one of {_PAUSE_STATES}, got {state!r}")
+        if state not in QUEUE_STATES:
+            raise ValueError(f"state must be one of {QUEUE_STATES}, got {state!r}")
         if kind not in _KINDS:
             raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
         if self._channel is not None:
@@ -579,8 +577,8 @@ class _Controls:
         return dict(result)
 
     async def pause(self, state: str, reason: str | None, kind: str) -> None:
-        if state not in _PAUSE_STATES:
-            raise ValueError(f"state must be one of {_PAUSE_STATES}, got {state!r}")
+        if state not in QUEUE_STATES:
+            raise ValueError(f"state must be one of {QUEUE_STATES}, got {state!r}")
         if kind not in _KINDS:
             raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
         await _must_call(self._server._app, "pause", state, reason, kind=kind)
