@@ -7,7 +7,10 @@ Exactly the requests a client needs and nothing else: ``client/config`` and ``cr
 once; ``create_sampling_session`` (sampling) or ``create_model`` + its future (training); then
 ``asample`` / ``forward_backward`` (protobuf) / ``optim_step`` and ``retrieve_future`` long polls
 until a result. Results are parsed (protobuf via the generated module, JSON via ``json``) but no
-result objects are built. No retries, no heartbeats, no telemetry, no validation.
+result objects are built. No retries, no heartbeats, no telemetry, no validation. Every request
+carries the same header lines, in number and size, as the same request from both SDKs (the
+protocol's headers, docs/design/protocol.md#headers, plus the platform headers both send), so
+every column puts the same bytes on the wire.
 
 Benches: ``sample`` (pipelined like tinker_sync: every sample is handed at once to a pool of
 submit threads that post ``asample``, and each accepted sample to a pool of poll threads that
@@ -23,8 +26,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import platform
 import sys
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -56,6 +61,33 @@ PROTO = "application/x-protobuf"
 DEFAULT_MIRROR = {"submit": 32, "poll": 64}
 
 
+#: Sent with every request, as both SDKs do (values as tinker_sync's).
+_COMMON_HEADERS = {
+    "Accept-Encoding": "gzip, deflate",
+    "User-Agent": "tinker-sync/0.1.0 (protocol 0.38.0)",
+    "X-Stainless-Lang": "python",
+    "X-Stainless-Package-Version": "0.1.0",
+    "X-Stainless-OS": platform.system(),
+    "X-Stainless-Arch": {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64"}.get(
+        platform.machine().lower(), platform.machine()
+    ),
+    "X-Stainless-Runtime": platform.python_implementation(),
+    "X-Stainless-Runtime-Version": platform.python_version(),
+    "X-Stainless-Async": "false",
+    "x-stainless-retry-count": "0",
+    "x-sdk-version": "0.38.0",
+}
+#: Per endpoint: the public method the SDKs name in ``x-sdk-method``, and extra headers.
+_ENDPOINT_HEADERS = {
+    "/api/v1/asample": {
+        "x-sdk-method": "SamplingClient.sample",
+        "X-Tinker-Sampling-Backpressure": "1",
+    },
+    "/api/v1/forward_backward": {"x-sdk-method": "TrainingClient.forward_backward"},
+    "/api/v1/optim_step": {"x-sdk-method": "TrainingClient.optim_step"},
+}
+
+
 class RawClient:
     """A urllib3 connection pool speaking the protocol's JSON / protobuf round trips.
 
@@ -74,14 +106,29 @@ class RawClient:
             timeout=urllib3.Timeout(connect=10.0, read=60.0),
             **tls,
         )
-        self.json_headers = {"X-API-Key": api_key, "Content-Type": "application/json"}
-        self.proto_headers = {"X-API-Key": api_key, "Content-Type": PROTO}
-        self.poll_headers = {**self.json_headers, "Accept": f"{PROTO}, application/json"}
+        self.api_key = api_key
         self.session_id = ""
+
+    def headers(
+        self, path: str, content_type: str, accept: str = "application/json", read_s: int = 60
+    ) -> dict[str, str]:
+        """The header lines both SDKs send with this request (a fresh idempotency key)."""
+        return {
+            "Accept": accept,
+            **_COMMON_HEADERS,
+            "x-stainless-read-timeout": str(read_s),
+            "Content-Type": content_type,
+            "X-Idempotency-Key": f"raw-{uuid.uuid4()}",
+            **_ENDPOINT_HEADERS.get(path, {}),
+            "X-API-Key": self.api_key,
+        }
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         r = self.pool.request(
-            "POST", path, body=json.dumps(body).encode(), headers=self.json_headers
+            "POST",
+            path,
+            body=json.dumps(body).encode(),
+            headers=self.headers(path, "application/json"),
         )
         if r.status != 200:
             raise RuntimeError(f"{path}: HTTP {r.status} {r.data[:200]!r}")
@@ -89,23 +136,34 @@ class RawClient:
         return out
 
     def post_proto(self, path: str, body: bytes) -> dict[str, Any]:
-        r = self.pool.request("POST", path, body=body, headers=self.proto_headers)
+        r = self.pool.request("POST", path, body=body, headers=self.headers(path, PROTO))
         if r.status != 200:
             raise RuntimeError(f"{path}: HTTP {r.status} {r.data[:200]!r}")
         out: dict[str, Any] = json.loads(r.data)
         return out
 
-    def wait(self, request_id: str) -> bytes | dict[str, Any]:
-        """Long-poll ``retrieve_future`` until the result: protobuf bytes or a JSON object."""
+    def wait(
+        self, request_id: str, kind: str = "Sample", created: float | None = None
+    ) -> bytes | dict[str, Any]:
+        """Long-poll ``retrieve_future`` until the result: protobuf bytes or a JSON object.
+        ``kind`` and ``created`` (``time.monotonic()`` at submission) fill the poll headers."""
         allow_metadata = True
-        while True:
+        method = "SamplingClient.sample" if kind == "Sample" else f"TrainingClient.{kind}"
+        for iteration in itertools.count():
+            headers = self.headers("/api/v1/retrieve_future", "application/json", PROTO, 45)
+            headers["x-sdk-method"] = method
+            headers["X-Tinker-Request-Iteration"] = str(iteration)
+            headers["X-Tinker-Request-Type"] = kind
+            if iteration == 0:
+                roundtrip = time.monotonic() - created if created is not None else 0.0
+                headers["X-Tinker-Create-Promise-Roundtrip-Time"] = f"{roundtrip:.6f}"
             r = self.pool.request(
                 "POST",
                 "/api/v1/retrieve_future",
                 body=json.dumps(
                     {"request_id": request_id, "allow_metadata_only": allow_metadata}
                 ).encode(),
-                headers=self.poll_headers,
+                headers=headers,
             )
             if r.status == 408 or r.status >= 500:
                 continue
@@ -163,8 +221,9 @@ def _sample_body(sampler: str, seq_id: int, prompt: list[int], max_tokens: int) 
 def _one_sample(
     client: RawClient, sampler: str, seq_id: int, prompt: list[int], max_tokens: int
 ) -> int:
+    created = time.monotonic()
     future = client.post("/api/v1/asample", _sample_body(sampler, seq_id, prompt, max_tokens))
-    payload = client.wait(future["request_id"])
+    payload = client.wait(future["request_id"], created=created)
     if not isinstance(payload, bytes):
         raise RuntimeError(f"expected a protobuf SampleResponse, got {payload}")
     msg = pb.SampleResponse()
@@ -195,8 +254,8 @@ class RawBench:
         submitters = ThreadPoolExecutor(submit_threads, thread_name_prefix="raw-submit")
         pollers = ThreadPoolExecutor(poll_threads, thread_name_prefix="raw-poll")
 
-        def result(request_id: str) -> int:
-            payload = client.wait(request_id)
+        def result(request_id: str, created: float) -> int:
+            payload = client.wait(request_id, created=created)
             if not isinstance(payload, bytes):
                 raise RuntimeError(f"expected a protobuf SampleResponse, got {payload}")
             msg = pb.SampleResponse()
@@ -204,10 +263,11 @@ class RawBench:
             return len(np.frombuffer(msg.sequences[0].tokens, np.int32))
 
         def submit(seq_id: int) -> Future[int]:
+            created = time.monotonic()
             accepted = client.post(
                 "/api/v1/asample", _sample_body(sampler, seq_id, prompt, max_tokens)
             )
-            return pollers.submit(result, accepted["request_id"])
+            return pollers.submit(result, accepted["request_id"], created)
 
         cpu0, t0 = cpu_seconds(), time.perf_counter()
         handed = [submitters.submit(submit, i) for i in range(n)]
@@ -289,7 +349,7 @@ class RawBench:
                 "type": "create_model",
             },
         )
-        result = client.wait(created["request_id"])
+        result = client.wait(created["request_id"], "CreateModel")
         assert isinstance(result, dict)
         model_id = str(result["model_id"])
         datums, length = int(self.size["datums"]), int(self.size["tokens"])
@@ -337,7 +397,7 @@ class RawBench:
             return str(client.post("/api/v1/optim_step", body)["request_id"])
 
         def outputs(request_id: str) -> int:
-            payload = client.wait(request_id)
+            payload = client.wait(request_id, "ForwardBackward")
             assert isinstance(payload, bytes)
             out = pb.ForwardBackwardOutput()
             out.ParseFromString(payload)
@@ -355,7 +415,7 @@ class RawBench:
             pending: tuple[Future[int], Future[Any]] | None = None
             for _ in range(steps):
                 fb, opt = fwdbwd(), optim()
-                step = (waiters.submit(outputs, fb), waiters.submit(client.wait, opt))
+                step = (waiters.submit(outputs, fb), waiters.submit(client.wait, opt, "OptimStep"))
                 if pending is not None:
                     pending[0].result()
                     pending[1].result()

@@ -222,3 +222,38 @@ def test_merge_rounds_reads_like_one_process_ran_every_repetition() -> None:
     assert merged["thread_groups_at_peak"] == {"b": 2}
     assert run.merge_rounds(rounds[:1]) is rounds[0]
     assert run.INTERLEAVED <= set(run.BENCH_WORKERS)
+
+
+def test_the_limit_sends_the_header_lines_tinker_sync_sends() -> None:
+    """The raw limit does the same wire work: the same header names on a sample's requests
+    (less the poll-hold request, a tinker_sync extension)."""
+    import _worker_raw
+
+    import tinker_sync
+    from tinker_sync import types
+    from tinker_sync.local import LocalServer
+
+    endpoints = ("asample", "retrieve_future")
+
+    def names(records: Any) -> dict[str, set[str]]:  # per endpoint, over every request
+        out: dict[str, set[str]] = {e: set() for e in endpoints}
+        for r in records:
+            if r.endpoint in endpoints:
+                out[r.endpoint] |= set(r.headers)
+        return out
+
+    with LocalServer(backend="instant") as srv:
+        raw = _worker_raw.RawClient(srv.url, srv.api_key or "")
+        raw.start_session()
+        _worker_raw._one_sample(raw, raw.sampling_session(), 1, [1, 2, 3], 2)
+        raw.pool.close()
+        limit = names(srv.requests.filter())
+        srv.requests.clear()
+        service = tinker_sync.ServiceClient(base_url=srv.url, api_key=srv.api_key)
+        sampler = service.create_sampling_client(base_model=_common.BASE_MODEL)
+        prompt = types.ModelInput.from_ints([1, 2, 3])
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result()
+        service.close()
+        ours = names(srv.requests.filter())
+    ours["retrieve_future"].discard("x-tinker-poll-hold")
+    assert limit == ours
