@@ -16,7 +16,6 @@ from tinker_sync._fork import (
     fork_generation,
     make_condition,
     make_lock,
-    make_rlock,
     register_after_fork,
 )
 
@@ -48,13 +47,6 @@ def test_lock_behaves_like_a_lock() -> None:
     assert lock.acquire(timeout=1)
     lock.release()
     assert "Lock" in repr(lock)
-
-
-def test_rlock_is_reentrant() -> None:
-    lock = make_rlock()
-    with lock, lock:
-        assert lock.locked()
-    assert not lock.locked()
 
 
 def test_condition_is_a_threading_condition_and_notifies() -> None:
@@ -102,12 +94,12 @@ def test_forkguard_in_same_process() -> None:
 @needs_fork
 def test_lock_held_by_other_thread_is_free_in_child() -> None:
     lock = make_lock()
-    rlock = make_rlock()
+    other = make_lock()
     holding = threading.Event()
     release = threading.Event()
 
     def holder() -> None:
-        with lock, rlock:
+        with lock, other:
             holding.set()
             release.wait(HANG_GUARD_S)
 
@@ -120,9 +112,9 @@ def test_lock_held_by_other_thread_is_free_in_child() -> None:
             if not lock.acquire(timeout=5):
                 return 1
             lock.release()
-            if not rlock.acquire(timeout=5):
+            if not other.acquire(timeout=5):
                 return 2
-            rlock.release()
+            other.release()
             return 0
 
         assert _run_in_child(child) == 0

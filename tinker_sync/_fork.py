@@ -34,7 +34,6 @@ import threading
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
 
 __all__ = [
     "ForkGuard",
@@ -44,7 +43,6 @@ __all__ = [
     "fork_generation",
     "make_condition",
     "make_lock",
-    "make_rlock",
     "register_after_fork",
 ]
 
@@ -52,37 +50,30 @@ logger = logging.getLogger("tinker_sync.fork")
 
 
 class ForkSafeLock:
-    """A ``threading.Lock`` (or ``RLock``) that is replaced by a fresh one in a forked child.
+    """A ``threading.Lock`` that is replaced by a fresh one in a forked child.
 
-    Use it exactly like the lock it wraps (``with lock:``, ``acquire``, ``release``).
+    Use it exactly like the lock it wraps (``with lock:``, ``acquire``, ``release``). There is
+    no reentrant variant: every SDK lock is a plain lock, so a ``threading.Condition`` over one
+    needs only the lock's public methods.
     Thread safety: as the wrapped lock. Fork safety: unlocked and usable in a child.
     """
 
-    __slots__ = ("__weakref__", "_lock", "_reentrant")
+    __slots__ = ("__weakref__", "_lock")
 
-    def __init__(self, reentrant: bool = False) -> None:
-        self._reentrant = reentrant
-        self._lock: Any = threading.RLock() if reentrant else threading.Lock()
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        return bool(self._lock.acquire(blocking, timeout))
+        return self._lock.acquire(blocking, timeout)
 
     def release(self) -> None:
         self._lock.release()
 
     def locked(self) -> bool:
-        """True when held (for an RLock: held by any thread)."""
-        if self._reentrant:
-            if self._lock._is_owned():
-                return True
-            if self._lock.acquire(False):
-                self._lock.release()
-                return False
-            return True
-        return bool(self._lock.locked())
+        return self._lock.locked()
 
     def __enter__(self) -> bool:
-        return bool(self._lock.acquire())
+        return self._lock.acquire()
 
     def __exit__(
         self,
@@ -92,33 +83,11 @@ class ForkSafeLock:
     ) -> None:
         self._lock.release()
 
-    # threading.Condition uses these when present (RLock semantics for wait()).
-    def _release_save(self) -> Any:
-        if self._reentrant:
-            return self._lock._release_save()
-        self._lock.release()
-        return None
-
-    def _acquire_restore(self, state: Any) -> None:
-        if self._reentrant:
-            self._lock._acquire_restore(state)
-        else:
-            self._lock.acquire()
-
-    def _is_owned(self) -> bool:
-        if self._reentrant:
-            return bool(self._lock._is_owned())
-        if self._lock.acquire(False):
-            self._lock.release()
-            return False
-        return True
-
     def _after_fork(self) -> None:
-        self._lock = threading.RLock() if self._reentrant else threading.Lock()
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        kind = "RLock" if self._reentrant else "Lock"
-        return f"<ForkSafeLock {kind} locked={self.locked()}>"
+        return f"<ForkSafeLock Lock locked={self.locked()}>"
 
 
 class ForkSafeCondition(threading.Condition):
@@ -129,8 +98,8 @@ class ForkSafeCondition(threading.Condition):
     Thread safety: as ``threading.Condition``. Fork safety: no inherited waiters, unlocked.
     """
 
-    def __init__(self, lock: ForkSafeLock | None = None) -> None:
-        self._fs_lock = lock if lock is not None else ForkSafeLock(reentrant=True)
+    def __init__(self, lock: ForkSafeLock) -> None:
+        self._fs_lock = lock
         super().__init__(self._fs_lock)  # type: ignore[arg-type]
 
     def _after_fork(self) -> None:
@@ -147,30 +116,22 @@ _generation = 0
 
 
 def make_lock() -> ForkSafeLock:
-    """Return a new non-reentrant lock that is recreated (unlocked) in a forked child."""
-    lock = ForkSafeLock(reentrant=False)
-    with _registry_lock:
-        _locks.add(lock)
-    return lock
-
-
-def make_rlock() -> ForkSafeLock:
-    """Return a new reentrant lock that is recreated (unlocked) in a forked child."""
-    lock = ForkSafeLock(reentrant=True)
+    """Return a new lock that is recreated (unlocked) in a forked child."""
+    lock = ForkSafeLock()
     with _registry_lock:
         _locks.add(lock)
     return lock
 
 
 def make_condition(lock: ForkSafeLock | None = None) -> ForkSafeCondition:
-    """Return a Condition over ``lock`` (a new fork-safe RLock when None).
+    """Return a Condition over ``lock`` (a new :func:`make_lock` lock when None).
 
-    ``lock`` must come from :func:`make_lock` / :func:`make_rlock` so that both are reset together.
+    ``lock`` must come from :func:`make_lock` so that both are reset together in a child.
     """
     if lock is None:
-        lock = make_rlock()
+        lock = make_lock()
     elif not isinstance(lock, ForkSafeLock):
-        raise TypeError("make_condition() needs a lock from make_lock()/make_rlock()")
+        raise TypeError("make_condition() needs a lock from make_lock()")
     cond = ForkSafeCondition(lock)
     with _registry_lock:
         _conditions.add(cond)
