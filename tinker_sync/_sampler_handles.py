@@ -10,11 +10,15 @@ Usage (inside SamplingClient's unpickling)::
 A shadow session heartbeats the original session but never finishes it (that belongs to its
 creator) (docs/design/behavior.md#credential-free-pickles).
 
-Thread safety: the registry is guarded by one lock. Fork safety: emptied in a forked child.
+Thread safety: the registry is guarded by one lock. A release that finds the lock taken (the
+garbage collector can run a client's finalizer on the very thread that holds it, in the middle
+of :func:`shadow_session`) never waits for it: it is queued and applied by the holder as it lets
+go. Fork safety: emptied in a forked child.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -44,6 +48,9 @@ _shadow_sessions: dict[str, list[Any]] = {}
 
 _shadow_lock = make_lock()
 
+#: (key, session) releases that found ``_shadow_lock`` taken; applied when it is let go.
+_deferred: collections.deque[tuple[str, Session]] = collections.deque()
+
 
 def shadow_session(state: dict[str, Any]) -> tuple[Session, str]:
     """One shadow session per (session id, holder snapshot) in this process
@@ -64,47 +71,80 @@ def shadow_session(state: dict[str, Any]) -> tuple[Session, str]:
         "session_id": state["session_id"],
     }
     key = json.dumps(key_material, sort_keys=True, default=str)
-    with _shadow_lock:
-        entry = _shadow_sessions.get(key)
-        if entry is not None and not entry[0].closed:
-            entry[1] += 1
-            return entry[0], key
-        config = ClientConfig.from_env(
-            base_url=holder["base_url"],
-            api_key=api_key,
-            default_headers_overrides=holder.get("default_headers_overrides") or None,
-        )
-        session = Session.shadow(
-            config,
-            session_id=state["session_id"],
-            server=ServerConfig.from_dict(holder.get("client_config") or {}),
-            dynamic=DynamicConfig.from_dict(holder.get("client_dynamic_config") or {}),
-        )
-        _shadow_sessions[key] = [session, 1]
-        return session, key
+    try:
+        with _shadow_lock:
+            entry = _shadow_sessions.get(key)
+            if entry is not None and not entry[0].closed:
+                entry[1] += 1
+                return entry[0], key
+            # Building the session allocates a lot: the garbage collector may run here and
+            # finalize an earlier client, whose release is then queued, not waited for.
+            config = ClientConfig.from_env(
+                base_url=holder["base_url"],
+                api_key=api_key,
+                default_headers_overrides=holder.get("default_headers_overrides") or None,
+            )
+            session = Session.shadow(
+                config,
+                session_id=state["session_id"],
+                server=ServerConfig.from_dict(holder.get("client_config") or {}),
+                dynamic=DynamicConfig.from_dict(holder.get("client_dynamic_config") or {}),
+            )
+            _shadow_sessions[key] = [session, 1]
+            return session, key
+    finally:
+        _apply_deferred()
 
 
 def release_shadow(key: str | None, session: Session, pid: int) -> None:
-    """A client of a shadow session is gone; stop the session's threads with the last one."""
+    """A client of a shadow session is gone; stop the session's threads with the last one.
+
+    Called by a client's ``close()`` or by its finalizer, which the garbage collector may run
+    on any thread at any allocation, including one holding ``_shadow_lock``: so this never
+    blocks on that lock (a release that finds it taken is applied by the holder).
+    """
     if os.getpid() != pid:  # never touch a parent's threads from a forked child
         return
-    if key is not None:
-        with _shadow_lock:
-            entry = _shadow_sessions.get(key)
-            if entry is not None and entry[0] is session:
-                entry[1] -= 1
-                if entry[1] > 0:
-                    return
-                del _shadow_sessions[key]
+    if key is None:
+        _stop(session)
+        return
+    _deferred.append((key, session))
+    _apply_deferred()
+
+
+def _apply_deferred() -> None:
+    """Apply the queued releases, unless the lock is taken: its holder calls this after it."""
+    while _deferred:
+        if not _shadow_lock.acquire(blocking=False):
+            return
+        stopped: list[Session] = []
+        try:
+            while _deferred:
+                key, session = _deferred.popleft()
+                entry = _shadow_sessions.get(key)
+                if entry is not None and entry[0] is session:
+                    entry[1] -= 1
+                    if entry[1] > 0:
+                        continue
+                    del _shadow_sessions[key]
+                stopped.append(session)
+        finally:
+            _shadow_lock.release()
+        for session in stopped:
+            _stop(session)
+
+
+def _stop(session: Session) -> None:
     # A shadow must never *finish* the original session (that belongs to its creator), so
     # only its heartbeat and timer loops are stopped.
     stop = getattr(session, "_stop", None)
-    if isinstance(stop, threading.Event):
+    if isinstance(stop, threading.Event) and not stop.is_set():
         stop.set()
 
 
 def _after_fork_in_child() -> None:
     _shadow_sessions.clear()
+    _deferred.clear()
 
 
 register_after_fork(_after_fork_in_child)

@@ -1,0 +1,95 @@
+"""Shadow sessions of unpickled SamplingClients (tinker_sync._sampler_handles), against a real
+LocalServer: a client finalized by the garbage collector in the middle of another unpickling.
+
+The scenario runs in a child process, so a deadlock there fails this test (with the child's
+stack) instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tinker_sync._ratelimit import reset_limiters
+from tinker_sync.local import LocalServer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HANG = 60.0
+KEY = "tml-shadow-test-key-0123456789abcdef"
+
+# Two samplers of two sessions, pickled with their key. The first is unpickled, samples and
+# becomes garbage that only the cyclic collector frees (as an unpickled client in a Ray worker
+# often is); the collection then happens while the second is unpickled, at the point where its
+# shadow session is built (any allocation there may start one). The first client's finalizer
+# thus runs on the thread that holds the registry lock.
+_CHILD = r"""
+import faulthandler, gc, json, pickle, sys
+faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)  # a deadlock shows its stack
+import tinker_sync
+from tinker_sync import types
+from tinker_sync._session import Session
+url, key = sys.argv[1], sys.argv[2]
+prompt, params = types.ModelInput.from_ints([1, 2, 3]), types.SamplingParams(max_tokens=2)
+services = [tinker_sync.ServiceClient(base_url=url, api_key=key, pickle_credentials=True)
+            for _ in range(2)]
+blobs = [pickle.dumps(s.create_sampling_client(base_model="Qwen/Qwen3-8B")) for s in services]
+gc.disable()  # collections happen only where this script says
+first = pickle.loads(blobs[0])
+first.sample(prompt, 1, params).result(60)
+first_session, finalizer = first._session, first._shadow_release
+first.self_reference = first
+del first
+build = Session.shadow.__func__
+def shadow_with_a_collection(cls, *args, **kwargs):
+    gc.collect()
+    return build(cls, *args, **kwargs)
+Session.shadow = classmethod(shadow_with_a_collection)
+second = pickle.loads(blobs[1])
+result = {
+    "first_finalized": not finalizer.alive,
+    "first_stopped": first_session._stop.is_set(),
+    "second_sequences": len(second.sample(prompt, 1, params).result(60).sequences),
+    "second_stopped": second._session._stop.is_set(),
+}
+second.close()
+result["second_stopped_on_close"] = second._session._stop.is_set()
+for service in services:
+    service.close()
+print(json.dumps(result))
+"""
+
+
+@pytest.fixture
+def server() -> Iterator[LocalServer]:
+    with LocalServer(backend="instant", api_key=KEY, long_poll_s=1.0) as srv:
+        yield srv
+    reset_limiters()
+
+
+def test_a_client_finalized_while_another_is_unpickled_releases_without_deadlock(server):
+    """The finalizer's release is applied once the unpickling lets go of the registry lock."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, server.url, KEY, str(HANG / 2)],
+            capture_output=True,
+            text=True,
+            timeout=HANG,
+            env={**os.environ, "PYTHONPATH": REPO},
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the child hung past its own stack dump: {exc.stderr!r}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        "first_finalized": True,
+        "first_stopped": True,  # its shadow session's threads stopped with its last client
+        "second_sequences": 1,
+        "second_stopped": False,
+        "second_stopped_on_close": True,
+    }
+    assert KEY not in proc.stderr
