@@ -1,5 +1,6 @@
 """Shadow sessions of unpickled SamplingClients (tinker_sync._sampler_handles), against a real
-LocalServer: a client finalized by the garbage collector in the middle of another unpickling.
+LocalServer: a client finalized by the garbage collector in the middle of another unpickling
+(docs/design/behavior.md#credential-free-pickles).
 
 The scenario runs in a child process, so a deadlock there fails this test (with the child's
 stack) instead of hanging the suite.
@@ -71,11 +72,11 @@ def server() -> Iterator[LocalServer]:
     reset_limiters()
 
 
-def test_a_client_finalized_while_another_is_unpickled_releases_without_deadlock(server):
-    """The finalizer's release is applied once the unpickling lets go of the registry lock."""
+def run_child(script: str, *args: str) -> dict[str, object]:
+    """Run ``script`` in a child process; its last stdout line is a JSON report."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, server.url, KEY, str(HANG / 2)],
+            [sys.executable, "-c", script, *args, str(HANG / 2)],
             capture_output=True,
             text=True,
             timeout=HANG,
@@ -84,12 +85,90 @@ def test_a_client_finalized_while_another_is_unpickled_releases_without_deadlock
         )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the child hung past its own stack dump: {exc.stderr!r}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    assert KEY not in proc.stderr
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_a_client_finalized_while_another_is_unpickled_releases_without_deadlock(server):
+    """The finalizer's release is applied once the unpickling lets go of the registry lock."""
+    assert run_child(_CHILD, server.url, KEY) == {
         "first_finalized": True,
         "first_stopped": True,  # its shadow session's threads stopped with its last client
         "second_sequences": 1,
         "second_stopped": False,
         "second_stopped_on_close": True,
     }
-    assert KEY not in proc.stderr
+
+
+# 16 threads unpickle clients of 3 sessions at once; half are closed, half dropped as cyclic
+# garbage, and collections run on every thread now and then (also inside another thread's, or
+# the same thread's, unpickling). Afterwards every shadow session has stopped and left the
+# registry, and a fresh client of each session still samples.
+_MANY = r"""
+import faulthandler, gc, json, pickle, sys, threading
+faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)
+import tinker_sync
+from tinker_sync import _sampler_handles, types
+url, key = sys.argv[1], sys.argv[2]
+THREADS, ROUNDS = 16, 30
+prompt, params = types.ModelInput.from_ints([1, 2, 3]), types.SamplingParams(max_tokens=2)
+services = [tinker_sync.ServiceClient(base_url=url, api_key=key, pickle_credentials=True)
+            for _ in range(3)]
+blobs = [pickle.dumps(s.create_sampling_client(base_model="Qwen/Qwen3-8B")) for s in services]
+gc.set_threshold(50)  # frequent young collections, wherever an allocation happens
+barrier = threading.Barrier(THREADS)
+seen, errors = [], []
+def work(k):
+    try:
+        barrier.wait(60)
+        for i in range(ROUNDS):
+            client = pickle.loads(blobs[(k + i) % len(blobs)])
+            seen.append(client._session)
+            if i % 2:
+                client.close()
+            else:
+                client.self_reference = client
+            del client
+            if i % 7 == k % 7:
+                gc.collect()
+    except BaseException as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=work, args=(k,)) for k in range(THREADS)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+gc.collect()
+shadows = {id(s): s for s in seen}
+fresh = [pickle.loads(b) for b in blobs]
+sequences = [len(c.sample(prompt, 1, params).result(60).sequences) for c in fresh]
+registered = {id(entry[0]) for entry in _sampler_handles._shadow_sessions.values()}
+print(json.dumps({
+    "errors": errors,
+    "unpickled": len(seen),
+    "shadows_running": sum(not s._stop.is_set() for s in shadows.values()),
+    "shadows_registered": len(registered & set(shadows)),
+    "releases_queued": len(_sampler_handles._deferred),
+    "fresh_sequences": sequences,
+}))
+for c in fresh:
+    c.close()
+for s in services:
+    s.close()
+"""
+
+
+def test_many_threads_unpickling_and_dropping_clients_leave_no_shadow_running(server):
+    report = run_child(_MANY, server.url, KEY)
+    assert report == {
+        "errors": [],
+        "unpickled": 16 * 30,
+        "shadows_running": 0,
+        "shadows_registered": 0,
+        "releases_queued": 0,
+        "fresh_sequences": [1, 1, 1],
+    }
+    # what the server saw: three samples, and only the three owners finished their sessions
+    assert len(server.requests.filter("asample")) == 3
+    assert server.requests.count("sessions/*/finish") == 3
