@@ -126,6 +126,43 @@ def test_bounded_lane_runs_at_most_limit_jobs_at_once():
     assert lane.active == 0
 
 
+def test_a_lane_that_empties_and_refills_never_grows_its_pool_past_its_limit():
+    """Drains that find the queue empty free their worker before their slot: a drain started
+    by the next submission takes that worker, so the pool's threads stay within the lane's
+    limit however submissions and drain exits interleave (16 submitting threads)."""
+    role = "test-lane-refill"
+    lane = BoundedLane(role, 3)
+    done = threading.Semaphore(0)
+    start = threading.Barrier(16)
+
+    def submitter() -> None:
+        start.wait(HANG)
+        for _ in range(300):
+            lane.submit(done.release)  # tiny jobs: drains empty and restart all the time
+
+    threads = [threading.Thread(target=submitter) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HANG)
+    for _ in range(16 * 300):
+        assert done.acquire(timeout=HANG)
+    assert pool(role).peak_threads <= 3
+
+
+def test_a_fair_lane_taking_turns_reuses_its_worker():
+    """A fair lane's drain queues itself again after each job; the worker that ran the job
+    takes it, so a one-slot lane runs 50 jobs on one thread (no thread per turn)."""
+    role = "test-lane-fair-turns"
+    lane = BoundedLane(role, 1, fair=True)
+    done = threading.Semaphore(0)
+    for _ in range(50):
+        lane.submit(done.release)
+    for _ in range(50):
+        assert done.acquire(timeout=HANG)
+    assert pool(role).peak_threads == 1
+
+
 def test_call_later_on_a_fake_clock_runs_in_due_order_without_sleeping():
     """Delayed jobs fall due on the injected clock (a fake clock passes time at once)."""
     clock = FakeClock()

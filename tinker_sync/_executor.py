@@ -104,6 +104,8 @@ class DaemonPool:
         self._threads = 0
         self._idle = 0
         self._running = 0
+        self._finishing = 0  # running workers whose job said it is about to return
+        self._tls = threading.local()
         self._counter = 0
         self._peak = 0
         self._retiring = _retire_when_idle
@@ -125,9 +127,10 @@ class DaemonPool:
         """Queue ``fn(*args)``; start a worker if none is idle and the pool is not full."""
         with self._lock:
             self._jobs.append((fn, args))
-            # A worker that just finished a job is not idle yet but will take the next one:
-            # counting it avoids starting a thread the lane limits above would not need.
-            if self._threads - self._running >= len(self._jobs):
+            # A worker that just finished a job (or whose job said it is about to return) is
+            # not idle yet but will take the next one: counting it avoids starting a thread the
+            # lane limits above would not need.
+            if self._threads - self._running + self._finishing >= len(self._jobs):
                 if self._idle:
                     self._wakeup.notify()
                 return
@@ -139,6 +142,15 @@ class DaemonPool:
                 threading.Thread(target=self._work, name=name, daemon=True).start()
             else:
                 self._wakeup.notify()
+
+    def finishing(self) -> None:
+        """Called by a job on one of this pool's workers that is about to return: from now on
+        its worker counts as free, so a job submitted meanwhile waits for it instead of
+        starting a thread (a :class:`BoundedLane` frees its slot this way)."""
+        with self._lock:
+            if not getattr(self._tls, "finishing", False):
+                self._tls.finishing = True
+                self._finishing += 1
 
     def retire_idle(self, retiring: bool = True) -> None:
         """While ``retiring``, workers exit as soon as the queue is empty (not after 30 s)."""
@@ -152,6 +164,9 @@ class DaemonPool:
             with self._lock:
                 if ran:
                     self._running -= 1
+                    if getattr(self._tls, "finishing", False):
+                        self._tls.finishing = False
+                        self._finishing -= 1
                 while not self._jobs:
                     if self._retiring:
                         self._threads -= 1
@@ -254,6 +269,9 @@ class BoundedLane:
         while True:
             with self._lock:
                 if not self._jobs:
+                    # This worker is about to be free: a drain the freed slot starts takes it,
+                    # rather than a new thread (the lane's limit also bounds the pool's threads).
+                    pool(self.role).finishing()
                     self._active -= 1
                     return
                 fn, args = self._jobs.popleft()
@@ -267,8 +285,10 @@ class BoundedLane:
                         self._active -= 1
                         return
                 # One job per turn: the drain queues again behind every other lane's job on
-                # the pool, so lanes sharing a pool are served round-robin.
-                pool(self.role).submit(self._drain)
+                # the pool, so lanes sharing a pool are served round-robin (by this worker).
+                shared = pool(self.role)
+                shared.finishing()
+                shared.submit(self._drain)
                 return
 
 
