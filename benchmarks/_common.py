@@ -42,6 +42,10 @@ VOCAB = 256
 #: before the first window. A future completing before the last window ends is counted in
 #: ``completed_early`` (0 unless the pause leaked). P5 measures ``reps`` consecutive windows of
 #: one round; P6 runs ``reps`` whole rounds (submission, pause, drain) with a thread monitor each.
+#: How long the benchmark servers hold a pending future's poll (LocalServer's ``long_poll_s``).
+#: P5's windows are this long, so each window sees every held poll re-sent once, whatever
+#: its phase.
+SERVER_HOLD_S = 20.0
 _HOLD = {"warmup": 200, "settle_s": 1.0}
 _HOLD_SMOKE = {"warmup": 5, "settle_s": 0.2}
 
@@ -59,7 +63,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "sample": {"n": 2000, "prompt": 64, "max_tokens": 16, "warmup": 500, "reps": 5},
         "train": {"datums": 32, "tokens": 512, "steps": 50, "warmup": 3, "reps": 5},
         "codec": {"datums": 1024, "tokens": 4096, "warmup": 1, "reps": 5},
-        "held": {"n": 1000, "window_s": 10.0, **_HOLD, "reps": 5},
+        "held": {"n": 1000, "window_s": SERVER_HOLD_S, **_HOLD, "reps": 5},
         "poller": {"n": 1000, "window_s": 3.0, **_HOLD, "reps": 5},
         "latency": {"n": 100, "prompt": 64, "max_tokens": 16, "warmup": 20, "reps": 7},
         "busy": {
@@ -79,7 +83,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "sample": {"n": 500, "prompt": 64, "max_tokens": 16, "warmup": 100, "reps": 3},
         "train": {"datums": 32, "tokens": 512, "steps": 20, "warmup": 2, "reps": 3},
         "codec": {"datums": 256, "tokens": 4096, "warmup": 1, "reps": 5},
-        "held": {"n": 1000, "window_s": 10.0, **_HOLD, "reps": 3},
+        "held": {"n": 1000, "window_s": SERVER_HOLD_S, **_HOLD, "reps": 3},
         "poller": {"n": 1000, "window_s": 1.0, **_HOLD, "reps": 3},
         "latency": {"n": 50, "prompt": 64, "max_tokens": 16, "warmup": 10, "reps": 5},
         "busy": {

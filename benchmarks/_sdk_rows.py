@@ -258,6 +258,7 @@ class SdkBench:
 
         values, submit_s, early = self._held_round(sampler, admin, measure)
         return {
+            "cpu_s_per_10s": [v * 10.0 / window_s for v in values],
             "cpu_s_in_window": values,
             "cpu_s_by_thread_per_window": by_thread,
             "window_s": window_s,

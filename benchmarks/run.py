@@ -29,7 +29,7 @@ P1T P1 over HTTPS                                                as P1
 P2  client CPU-s per sample in P1                                ratio <= 0.2
 P3  pipelined training step wall time (fwd/bwd + optim_step)     ratio <= 1.0
 P4  encoding a forward_backward (chunking + serialization)       ratio <= 1.0, ours <= 2 x raw
-P5  client CPU-s while n futures wait on long polls              <= 0.05 per 10 s, <= official
+P5  client CPU-s per 10 s while n futures wait on long polls     ratio <= 0.2
 P6  peak threads with n pending samples, session poller on       <= 24
 P7  single-sample latency p50 (sequential)                       ours / limit <= 1.2
 P7T P7 over HTTPS                                                as P7
@@ -72,6 +72,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _common import (  # noqa: E402
     BENCH_DIR,
     ROOT,
+    SERVER_HOLD_S,
     SIZES,
     TELEMETRY,
     TLS_CA,
@@ -147,11 +148,9 @@ def _ge(a: float | None, b: float | None) -> bool:
     return a is not None and b is not None and a >= b
 
 
-def _p5_budget(size: dict[str, Any]) -> float:
-    """The P5 absolute goal: 0.05 CPU-s per 10 s window (scaled for shorter smoke windows)."""
-    return 0.05 * float(size["held"]["window_s"]) / 10.0
-
-
+#: P5: client CPU-s per 10 s while 1,000 futures wait, each window one server hold long (so it
+#: includes re-sending every held poll once). The same CPU goal as P2: at most 0.2 x official.
+P5_GOAL = "ratio <= 0.2"
 P1_GOAL = "ratio >= 2.0 and ours >= 0.8 x limit"
 P1_DETAIL = (
     ("ours_peak_threads", "ours", "peak_threads", 1.0),
@@ -258,14 +257,14 @@ ROWS: tuple[Row, ...] = (
     Row(
         "P5",
         "client CPU while futures wait on long polls",
-        "CPU-s/window",
+        "CPU-s/10 s",
         "held",
         (
-            ("ours", "ours", "cpu_s_in_window"),
-            ("official", "official", "cpu_s_in_window"),
+            ("ours", "ours", "cpu_s_per_10s"),
+            ("official", "official", "cpu_s_per_10s"),
         ),
-        "ours <= 0.05 CPU-s per 10 s and ours <= official",
-        judge=lambda m, r, s: _le(m["ours"], _p5_budget(s)) and _le(m["ours"], m["official"]),
+        P5_GOAL,
+        judge=lambda m, r, s: _le(r, 0.2),
         detail=(
             ("window_s", "ours", "window_s", 1.0),
             ("ours_completed_early", "ours", "completed_early", 1.0),
@@ -628,7 +627,9 @@ def collect(
         urls: dict[bool, str] = {}
         key = "tml-local"
         if any(b not in TLS_BENCHES for b in server_benches) or "first" in benches:
-            server = stack.enter_context(LocalServer(backend="instant", in_subprocess=True))
+            server = stack.enter_context(
+                LocalServer(backend="instant", in_subprocess=True, long_poll_s=SERVER_HOLD_S)
+            )
             urls[False], key = server.url, server.api_key or key
             log(f"server {server.url} (pid {server.pid})")
         if any(b in TLS_BENCHES for b in server_benches):
@@ -640,6 +641,7 @@ def collect(
                 LocalServer(
                     backend="instant",
                     in_subprocess=True,
+                    long_poll_s=SERVER_HOLD_S,
                     api_key=key,
                     tls=(str(cert), str(cert_key)),
                 )
