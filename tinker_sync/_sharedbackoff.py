@@ -50,6 +50,7 @@ RECORD_SIZE = _RECORD.size
 #: A shared deadline further ahead than this is garbage (Retry-After is honoured up to 60 s).
 MAX_SHARED_WAIT_S = 61.0
 _READ_ATTEMPTS = 3
+_NEVER_WRITTEN = bytes(RECORD_SIZE)  # a new file: no process has backed off yet
 
 _warned = False
 _warned_lock = threading.Lock()
@@ -125,8 +126,11 @@ class SharedDeadline:
     def _read_locked(self) -> float | None:
         if self._map.closed:
             return None
-        for _ in range(_READ_ATTEMPTS):
-            value = decode(self._map[:RECORD_SIZE])
+        for _ in range(_READ_ATTEMPTS):  # a torn record (a write in progress) is read again
+            raw = self._map[:RECORD_SIZE]
+            if raw == _NEVER_WRITTEN:
+                return None
+            value = decode(raw)
             if value is not None:
                 return value
         return None
