@@ -46,8 +46,8 @@ role               size   what runs there
 Per session: heartbeat and timer threads; per sampler with ``sample_use_retrieve_futures``
 on, one ``tinker_sync-futures-poller`` thread (exits when idle); per TrainingClient one sender.
 So 1,000 pending samples through the session poller need at most 24 SDK threads (8 senders,
-10 fetchers, poller, heartbeat, two timers, and two hedges while the network is lossy), and 2,000 without it at most 400 polling threads
-plus the senders. Idle workers exit after 30 s, or at once when the process's last client is
+10 fetchers, poller, heartbeat, two timers, and two hedges while the network is lossy), and
+2,000 without it at most 400 polling threads plus the senders. Idle workers exit after 30 s, or at once when the process's last client is
 closed (:func:`retire_idle_threads`). :func:`configure_threads` changes the sizes before first
 use.
 

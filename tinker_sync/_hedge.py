@@ -15,8 +15,8 @@ percentile of the recent latencies of that kind of request (at least :data:`MIN_
 and only when that is shorter than the read timeout). The first good answer (status < 400)
 wins; if the hedge wins, the first copy's socket is shut down so its thread returns the
 hedge's reply at once, and if the first copy answers while the hedge is still out, the hedge's
-socket is shut down so its thread is free for the next hedge. At most one hedge per attempt; with a healthy network nothing changes
-(no thread hop, no second request).
+socket is shut down so its thread is free for the next hedge. At most one hedge per attempt;
+with a healthy network nothing changes (no thread hop, no second request).
 
 Only for requests that are safe to send twice: long polls (``retrieve_future`` answers the
 same result again) and submissions the server deduplicates by seq_id and idempotency key
