@@ -298,24 +298,41 @@ class TrainingApi:
                 CheckpointFiles.WEIGHTS: m.model.state_bytes(False),
                 CheckpointFiles.FULL: m.model.state_bytes(True),
             }
-            size = self.app._files.write(m.model_id, ckpt_id, files)
-            now = self.app._now()
-            row = CheckpointRow(
-                run_id=m.model_id,
-                checkpoint_id=ckpt_id,
-                checkpoint_type="training",
-                created_at=now,
-                size_bytes=size,
-                user_metadata=meta,
-                expires_at=ttl_expiry(ttl, now),
-                has_optimizer=True,
+            row = self._store_checkpoint(
+                m.model_id, ckpt_id, "training", files, ttl, meta, has_optimizer=True
             )
-            self.app._store.put_checkpoint(row)
             return {"path": row.tinker_path, "type": "save_weights"}
 
         return self.app._future_reply(
             self.app._submit(m, seq_id, WorkItem("SaveWeights", rec, run))
         )
+
+    def _store_checkpoint(
+        self,
+        run_id: str,
+        ckpt_id: str,
+        checkpoint_type: str,
+        files: dict[str, bytes],
+        ttl: int | None,
+        meta: dict[str, Any] | None,
+        *,
+        has_optimizer: bool = False,
+    ) -> CheckpointRow:
+        """Write a checkpoint's files and record its row (created now, expiring after ``ttl``)."""
+        size = self.app._files.write(run_id, ckpt_id, files)
+        now = self.app._now()
+        row = CheckpointRow(
+            run_id=run_id,
+            checkpoint_id=ckpt_id,
+            checkpoint_type=checkpoint_type,
+            created_at=now,
+            size_bytes=size,
+            user_metadata=meta,
+            expires_at=ttl_expiry(ttl, now),
+            has_optimizer=has_optimizer,
+        )
+        self.app._store.put_checkpoint(row)
+        return row
 
     def _check_overwrite(self, run_id: str, ckpt_id: str, overwrite: bool) -> None:
         if not overwrite and self.app._store.get_checkpoint(run_id, ckpt_id) is not None:
@@ -352,20 +369,8 @@ class TrainingApi:
             def run_named() -> dict[str, Any]:
                 assert m.model is not None
                 self._check_overwrite(m.model_id, ckpt_id, True)
-                size = self.app._files.write(
-                    m.model_id, ckpt_id, {CheckpointFiles.SAMPLER: m.model.sampler_weights()}
-                )
-                now = self.app._now()
-                row = CheckpointRow(
-                    run_id=m.model_id,
-                    checkpoint_id=ckpt_id,
-                    checkpoint_type="sampler",
-                    created_at=now,
-                    size_bytes=size,
-                    user_metadata=meta,
-                    expires_at=ttl_expiry(ttl, now),
-                )
-                self.app._store.put_checkpoint(row)
+                files = {CheckpointFiles.SAMPLER: m.model.sampler_weights()}
+                row = self._store_checkpoint(m.model_id, ckpt_id, "sampler", files, ttl, meta)
                 return {"path": row.tinker_path, "type": "save_weights_for_sampler"}
 
             item = WorkItem("SaveWeightsForSampler", rec, run_named)
@@ -424,18 +429,12 @@ class TrainingApi:
             if recipients:
                 exported = encrypt_files(exported, recipients)
             files = {f"{CheckpointFiles.FILES}/{rel}": data for rel, data in exported.items()}
-            size = self.app._files.write(m.model_id, ckpt_id, files)
-            now = self.app._now()
-            row = CheckpointRow(
-                run_id=m.model_id,
-                checkpoint_id=ckpt_id,
-                checkpoint_type="external",
-                created_at=now,
-                size_bytes=size,
-                expires_at=ttl_expiry(ttl, now),
-            )
-            self.app._store.put_checkpoint(row)
-            return {"path": row.tinker_path, "size_bytes": size, "type": "save_weights_external"}
+            row = self._store_checkpoint(m.model_id, ckpt_id, "external", files, ttl, None)
+            return {
+                "path": row.tinker_path,
+                "size_bytes": row.size_bytes,
+                "type": "save_weights_external",
+            }
 
         return self.app._future_reply(
             self.app._submit(m, seq_id, WorkItem("SaveWeightsExternal", rec, run))
