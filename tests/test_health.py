@@ -19,7 +19,7 @@ import tinker_sync
 from tinker_sync import types
 from tinker_sync._clock import FakeClock
 from tinker_sync._health import Health, StallWatch
-from tinker_sync._retry import submission_loop
+from tinker_sync._retry import SubmissionRetry, submission_loop
 from tinker_sync._transport import HookEvent
 from tinker_sync.exceptions import (
     APIConnectError,
@@ -144,7 +144,8 @@ def test_submission_loop_stalls_after_stall_timeout_with_the_servers_words() -> 
     err = _server_error("token id 151999 is out of vocabulary")
     with pytest.raises(StalledError) as info:
         submission_loop(
-            _always(err), clock=clock, stall_timeout=100.0, reached=lambda: True, what="asample"
+            _always(err),
+            SubmissionRetry(clock=clock, stall_timeout=100.0, reached=lambda: True, what="asample"),
         )
     assert clock.monotonic() == pytest.approx(100.0)
     text = str(info.value)
@@ -155,7 +156,9 @@ def test_submission_loop_stalls_after_stall_timeout_with_the_servers_words() -> 
 def test_submission_loop_does_not_retry_when_the_server_never_answered() -> None:
     clock = FakeClock()
     with pytest.raises(APIConnectError):
-        submission_loop(_always(APIConnectError("refused")), clock=clock, reached=lambda: False)
+        submission_loop(
+            _always(APIConnectError("refused")), SubmissionRetry(clock=clock, reached=lambda: False)
+        )
     assert clock.sleeps == []
 
 
@@ -163,7 +166,8 @@ def test_submission_loop_honours_max_retries_zero() -> None:
     clock = FakeClock()
     with pytest.raises(InternalServerError):
         submission_loop(
-            _always(_server_error("x")), clock=clock, max_retries=0, reached=lambda: True
+            _always(_server_error("x")),
+            SubmissionRetry(clock=clock, max_retries=0, reached=lambda: True),
         )
     assert clock.sleeps == []
 

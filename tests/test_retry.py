@@ -17,6 +17,7 @@ from tinker_sync._clock import FakeClock
 from tinker_sync._config import ClientConfig
 from tinker_sync._retry import (
     BillingPause,
+    SubmissionRetry,
     classify,
     holder_backoff,
     http_backoff,
@@ -402,7 +403,7 @@ def test_submission_loop_budget_is_300_seconds() -> None:
     clock = FakeClock()
     fn = Failing([status_exc(503)] * 1000)
     with pytest.raises(InternalServerError):
-        submission_loop(fn, clock=clock)
+        submission_loop(fn, SubmissionRetry(clock=clock))
     waits = clock.sleeps_for("submission-retry")
     assert waits[:8] == [1, 2, 4, 8, 16, 30, 30, 30]
     assert sum(waits) == pytest.approx(300.0)
@@ -419,21 +420,24 @@ def test_submission_loop_budget_counts_time_spent_in_attempts() -> None:
         raise APITimeoutError("slow")
 
     with pytest.raises(APITimeoutError):
-        submission_loop(slow_failure, clock=clock)
+        submission_loop(slow_failure, SubmissionRetry(clock=clock))
     assert clock.sleeps_for("submission-retry") == [1, 2]  # 100+1+100+2+100 > 300
     assert clock.monotonic() == pytest.approx(303.0)
 
 
 def test_submission_loop_success_and_non_retryable() -> None:
     clock = FakeClock()
-    assert submission_loop(Failing([status_exc(500), APIConnectionError("x")]), clock=clock) == "ok"
+    failing = Failing([status_exc(500), APIConnectionError("x")])
+    assert submission_loop(failing, SubmissionRetry(clock=clock)) == "ok"
     assert clock.sleeps_for("submission-retry") == [1, 2]
     clock.clear()
     with pytest.raises(NotFoundError):
-        submission_loop(Failing([status_exc(404)]), clock=clock)
+        submission_loop(Failing([status_exc(404)]), SubmissionRetry(clock=clock))
     assert clock.sleeps == []
     with pytest.raises(ConflictError):  # 409 is retryable, but x-should-retry: false wins
-        submission_loop(Failing([status_exc(409, {"x-should-retry": "false"})]), clock=clock)
+        submission_loop(
+            Failing([status_exc(409, {"x-should-retry": "false"})]), SubmissionRetry(clock=clock)
+        )
 
 
 def test_submission_loop_observer_sees_each_failure() -> None:
@@ -446,7 +450,7 @@ def test_submission_loop_observer_sees_each_failure() -> None:
     clock = FakeClock()
     fn = Failing([status_exc(500), status_exc(404)])
     with pytest.raises(NotFoundError):
-        submission_loop(fn, clock=clock, on_exception=observer)
+        submission_loop(fn, SubmissionRetry(clock=clock, on_exception=observer))
     assert seen == [("InternalServerError", True, 0), ("NotFoundError", False, 1)]
 
 
@@ -455,7 +459,7 @@ def test_billing_pause_window_then_billing_error(caplog: pytest.LogCaptureFixtur
     clock = FakeClock()
     fn = Failing([status_exc(402)] * 10_000)
     with pytest.raises(BillingError):
-        submission_loop(fn, clock=clock)
+        submission_loop(fn, SubmissionRetry(clock=clock))
     pauses = clock.sleeps_for("billing-pause")
     assert set(pauses) == {5.0}
     assert len(pauses) == 721  # 402s at t = 0, 5, ..., 3600 pause; the one at 3605 propagates
@@ -469,7 +473,7 @@ def test_billing_pause_does_not_consume_the_retry_budget() -> None:
     clock = FakeClock()
     fn = Failing([status_exc(402)] * 100 + [status_exc(503)] * 1000)
     with pytest.raises(InternalServerError):
-        submission_loop(fn, clock=clock)
+        submission_loop(fn, SubmissionRetry(clock=clock))
     assert sum(clock.sleeps_for("billing-pause")) == 500.0
     assert sum(clock.sleeps_for("submission-retry")) == pytest.approx(300.0)
 
@@ -488,15 +492,20 @@ def test_billing_incident_resets_after_300_quiet_seconds() -> None:
 def test_billing_state_is_shared_across_calls() -> None:
     clock = FakeClock()
     billing = BillingPause(window_s=20.0)
-    assert submission_loop(Failing([status_exc(402)] * 3), clock=clock, billing=billing) == "ok"
+    retry = SubmissionRetry(clock=clock, billing=billing)
+    assert submission_loop(Failing([status_exc(402)] * 3), retry) == "ok"
     with pytest.raises(BillingError):
-        submission_loop(Failing([status_exc(402)] * 100), clock=clock, billing=billing)
+        submission_loop(
+            Failing([status_exc(402)] * 100), SubmissionRetry(clock=clock, billing=billing)
+        )
     assert len(clock.sleeps_for("billing-pause")) == 5  # t=0..20 in the shared incident
 
 
 def test_submission_loop_retry_hooks() -> None:
     events: list[HookEvent] = []
-    submission_loop(Failing([status_exc(429)]), clock=FakeClock(), hooks=[events.append])
+    submission_loop(
+        Failing([status_exc(429)]), SubmissionRetry(clock=FakeClock(), hooks=[events.append])
+    )
     assert [(e.kind, e["layer"], e["delay"], e["reason"]) for e in events] == [
         ("retry_scheduled", "submission", 1.0, "status 429")
     ]

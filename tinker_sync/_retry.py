@@ -2,11 +2,11 @@
 
 Usage::
 
-    from tinker_sync._retry import send_with_retries, submission_loop, classify, BillingPause
+    from tinker_sync._retry import send_with_retries, submission_loop, SubmissionRetry, classify
 
     reply = send_with_retries(transport, spec)                 # HTTP layer
     result = submission_loop(lambda: parse(send_with_retries(transport, spec)),
-                             clock=clock, billing=session_billing)   # holder layer
+                             SubmissionRetry(clock=clock, billing=session_billing))  # holder
 
 Two layers, both sleeping only through the injected :class:`~tinker_sync._clock.Clock`:
 
@@ -71,6 +71,7 @@ __all__ = [
     "MAX_RETRY_DELAY",
     "BillingPause",
     "Classification",
+    "SubmissionRetry",
     "classify",
     "holder_backoff",
     "http_backoff",
@@ -569,24 +570,10 @@ class SubmissionRetry:
         return wait
 
 
-def submission_loop(
-    fn: Callable[[], T],
-    *,
-    clock: Clock = SYSTEM_CLOCK,
-    budget_s: float = HOLDER_BUDGET_S,
-    billing: BillingPause | None = None,
-    billing_window_s: float = DEFAULT_BILLING_WINDOW_S,
-    hooks: Sequence[Hook] = (),
-    on_exception: LoopObserver | None = None,
-    max_retries: int | None = None,
-    stall_timeout: float | None = None,
-    reached: Callable[[], bool] | None = None,
-    what: str = "request",
-    stop: Callable[[], BaseException | None] | None = None,
-    retry: SubmissionRetry | None = None,
-) -> T:
+def submission_loop(fn: Callable[[], T], retry: SubmissionRetry | None = None) -> T:
     """Call ``fn()`` until it succeeds, mirroring the official holder loop
-    (docs/design/behavior.md#submission-loop).
+    (docs/design/behavior.md#submission-loop); ``retry`` (a :class:`SubmissionRetry`, from
+    :meth:`Session.submission_retry` in the SDK; defaults when None) makes the decisions:
 
     * Retryable failures (:func:`classify`) wait ``min(2^n, 30)`` s (reason
       ``"submission-retry"``), trimmed so that the time since the first attempt never exceeds
@@ -604,25 +591,11 @@ def submission_loop(
     * ``on_exception(exc, classification, attempt, elapsed)`` sees every failure but billing
       pauses (telemetry); its exceptions are logged.
 
-    ``retry`` (from :meth:`Session.submission_retry`) replaces the keyword knobs.
-
     ``fn`` must reuse one :class:`RequestSpec` (one idempotency key) across calls
     (docs/design/behavior.md#idempotency-key).
     """
     if retry is None:
-        retry = SubmissionRetry(
-            clock=clock,
-            budget_s=budget_s,
-            billing=billing,
-            billing_window_s=billing_window_s,
-            hooks=hooks,
-            on_exception=on_exception,
-            max_retries=max_retries,
-            stall_timeout=stall_timeout,
-            reached=reached,
-            what=what,
-            stop=stop,
-        )
+        retry = SubmissionRetry()
     clock = retry.clock
     while True:
         try:

@@ -671,7 +671,7 @@ def test_submission_budget_ends_whatever_the_clock_reads() -> None:
 
     See docs/design/behavior.md#submission-loop.
     """
-    from tinker_sync._retry import submission_loop
+    from tinker_sync._retry import SubmissionRetry, submission_loop
 
     calls = 0
 
@@ -683,5 +683,5 @@ def test_submission_budget_ends_whatever_the_clock_reads() -> None:
         raise tinker_sync.APIConnectError("connection refused")
 
     with pytest.raises(tinker_sync.APIConnectError):
-        submission_loop(refused, clock=FakeClock(monotonic=212.3))
+        submission_loop(refused, SubmissionRetry(clock=FakeClock(monotonic=212.3)))
     assert calls <= 20
