@@ -49,6 +49,22 @@ def _isolated_env(
     yield
 
 
+@pytest.fixture(params=["direct", "urllib3"])
+def transport_path(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """Run a test on both request paths: the direct socket path (the default where eligible,
+    ``_transport/_direct.py``) and urllib3's documented API (``TINKER_SYNC_TRANSPORT=urllib3``).
+    Pools are rebuilt around the test, since they read the switch when created."""
+    from tinker_sync._transport import close_all_pools
+
+    if request.param == "urllib3":
+        monkeypatch.setenv("TINKER_SYNC_TRANSPORT", "urllib3")
+    close_all_pools()
+    yield str(request.param)
+    close_all_pools()
+
+
 @pytest.fixture
 def server() -> Iterator[object]:
     from tinker_sync.local import LocalServer

@@ -138,7 +138,7 @@ print(json.dumps({"root": [root_before, after["root"]],
     assert st["urllib3"][0] == logging.DEBUG and "StreamHandler" in st["urllib3"][1]
     err = proc.stderr
     assert "HTTP POST /api/v1/client/config" in err  # tinker_sync.transport DEBUG
-    assert "urllib3.connectionpool" in err  # urllib3 DEBUG
+    assert "new connection to 127.0.0.1:" in err  # the direct path's DEBUG (docs/transport.md)
     assert f"session_id={ids['session_id']}" in err
     assert f"model_id={ids['model_id']}" in err
     assert "request_id=" in err

@@ -52,6 +52,7 @@ from tinker_sync._transport import (
     RequestSpec,
     Transport,
     _connection,
+    _direct,
     _exchange,
     _pools,
     close_all_pools,
@@ -73,6 +74,8 @@ from tinker_sync.exceptions import (
     InternalServerError,
     RequestOutcome,
 )
+
+pytestmark = pytest.mark.usefixtures("transport_path")  # every test on both request paths
 
 KEY = "tml-transport-test-key-0123456789"
 CF_SECRET = "cf-transport-secret-987654"
@@ -99,6 +102,7 @@ class Seen:
 
 
 Action = Any  # (status, headers, body) | "drop" | ("partial", declared, body) | ("block", Event)
+#              | ("raw", reply bytes, keep the connection open)
 
 
 @dataclass
@@ -165,6 +169,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(partial)
             self.wfile.flush()
             self.close_connection = True
+            return
+        if isinstance(action, tuple) and action[0] == "raw":
+            _, raw, keep_open = action
+            self.wfile.write(raw)
+            self.wfile.flush()
+            self.close_connection = not keep_open
             return
         if isinstance(action, tuple) and action[0] == "block":
             action[1].wait(HANG_GUARD_S)
@@ -397,7 +407,7 @@ def test_redirect_strips_secrets_across_origins(stub: Stub) -> None:
 
 
 def test_every_request_has_connect_and_read_timeouts(
-    stub: Stub, monkeypatch: pytest.MonkeyPatch
+    stub: Stub, monkeypatch: pytest.MonkeyPatch, transport_path: str
 ) -> None:
     log: list[Any] = []
     cases = [
@@ -408,20 +418,37 @@ def test_every_request_has_connect_and_read_timeouts(
         (30, None, (30.0, 30.0)),
         (Timeout(20.0), None, (5.0, 20.0)),
     ]
-    real_urlopen = urllib3.HTTPConnectionPool.urlopen
-    real_getresponse = urllib3.connection.HTTPConnection.getresponse
     read_timeouts: list[float | None] = []
+    if transport_path == "urllib3":
+        real_urlopen = urllib3.HTTPConnectionPool.urlopen
+        real_getresponse = urllib3.connection.HTTPConnection.getresponse
 
-    def urlopen(self: Any, method: str, url: str, **kw: Any) -> Any:
-        log.append((kw["timeout"].connect_timeout, kw["timeout"].read_timeout))  # asked...
-        return real_urlopen(self, method, url, **kw)
+        def urlopen(self: Any, method: str, url: str, **kw: Any) -> Any:
+            log.append((kw["timeout"].connect_timeout, kw["timeout"].read_timeout))  # asked...
+            return real_urlopen(self, method, url, **kw)
 
-    def getresponse(self: Any, *args: Any, **kw: Any) -> Any:
-        read_timeouts.append(self.timeout)  # ...and what the connection reads with
-        return real_getresponse(self, *args, **kw)
+        def getresponse(self: Any, *args: Any, **kw: Any) -> Any:
+            read_timeouts.append(self.timeout)  # ...and what the connection reads with
+            return real_getresponse(self, *args, **kw)
 
-    monkeypatch.setattr(urllib3.HTTPConnectionPool, "urlopen", urlopen)
-    monkeypatch.setattr(urllib3.connection.HTTPConnection, "getresponse", getresponse)
+        monkeypatch.setattr(urllib3.HTTPConnectionPool, "urlopen", urlopen)
+        monkeypatch.setattr(urllib3.connection.HTTPConnection, "getresponse", getresponse)
+    else:
+        real_exchange = _direct.DirectPool.exchange
+        real_read = _direct.DirectConnection.read_reply
+
+        def exchange(
+            self: Any, method: str, target: str, body: Any, headers: Any, timeout: Any
+        ) -> Any:
+            log.append((timeout.connect, timeout.read))  # asked...
+            return real_exchange(self, method, target, body, headers, timeout)
+
+        def read_reply(self: Any, method: str) -> Any:
+            read_timeouts.append(self.sock.gettimeout())  # ...and what the socket reads with
+            return real_read(self, method)
+
+        monkeypatch.setattr(_direct.DirectPool, "exchange", exchange)
+        monkeypatch.setattr(_direct.DirectConnection, "read_reply", read_reply)
     for client_timeout, spec_timeout, expected in cases:
         with transport_for(stub.url, timeout=client_timeout) as t:
             for pool in Pool:
@@ -780,6 +807,9 @@ def test_close_and_shared_pools(stub: Stub) -> None:
 
 
 def _pooled_sockets(t: Transport, pool: Pool) -> list[socket.socket]:
+    direct = t.pools().route(pool).direct
+    if direct is not None:
+        return [conn.sock for conn in direct._idle]
     conn_pool = t.pools().route(pool).origin
     queued = list(conn_pool.pool.queue) if conn_pool.pool is not None else []
     return [conn.sock for conn in queued if conn is not None and conn.sock is not None]
@@ -1086,6 +1116,74 @@ def test_compressed_replies_are_decoded(stub: Stub) -> None:
         assert t.send_once(post()).status == 200  # the pool recovers
 
 
+def test_every_reply_framing_reads_the_same_on_both_paths(stub: Stub, transport_path: str) -> None:
+    """Chunked bodies (extensions, trailers), an interim 100, folded and repeated headers, and
+    an HTTP/1.0 body that ends with the connection: the same Reply on both paths (but a folded
+    line), and the connection is kept only when the reply allows it."""
+    stub.script(
+        "/api/v1/x",
+        (
+            "raw",
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+            b'4;ext=1\r\n{"a"\r\n3\r\n:1}\r\n0\r\nX-Trailer: t\r\n\r\n',
+            True,
+        ),
+        (
+            "raw",
+            b"HTTP/1.1 100 Continue\r\nLink: </a>\r\n\r\n"
+            b"HTTP/1.1 201 Created\r\nX-Multi: one\r\nX-Folded: first\r\n\tsecond\r\n"
+            b"x-multi: two\r\nContent-Length: 2\r\n\r\n{}",
+            True,
+        ),
+        ("raw", b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n[1, 2]", False),
+    )
+    with transport_for(stub.url) as t:
+        chunked = t.send_once(post())
+        assert (chunked.status, chunked.json()) == (200, {"a": 1})
+        interim = t.send_once(post())
+        assert interim.status == 201 and interim.json() == {}
+        assert interim.headers["x-multi"] == "one, two"
+        # an obsolete folded line: unfolded as RFC 9112 says (http.client keeps the raw fold)
+        folded = "first second" if transport_path == "direct" else "first\r\n\tsecond"
+        assert interim.headers["x-folded"] == folded
+        assert "link" not in interim.headers  # the 100's headers are not the reply's
+        closing = t.send_once(post())
+        assert (closing.status, closing.json()) == (200, [1, 2])
+        assert t.send_once(post()).status == 200
+    ports = [s.client_port for s in stub.seen]
+    assert ports[0] == ports[1] == ports[2] != ports[3]  # kept alive until the HTTP/1.0 reply
+
+
+def test_both_paths_send_the_same_request_lines(stub: Stub, transport_path: str) -> None:
+    """Host (port included), Content-Length (0 on a bodiless POST), the SDK's headers in order."""
+    with transport_for(stub.url) as t:
+        t.send_once(post())
+        t.send_once(post(json=None))
+        t.send_once(get())
+    body_post, empty_post, plain_get = stub.seen
+    port = stub.server.server_address[1]
+    for seen in stub.seen:
+        assert seen.header("Host") == f"127.0.0.1:{port}"
+    assert body_post.header("Content-Length") == str(len(body_post.body))
+    assert empty_post.header("Content-Length") == "0" and empty_post.body == b""
+    assert plain_get.header("Content-Length") is None
+    names = [k.lower() for k in body_post.headers]
+    assert names.index("accept") < names.index("user-agent") < names.index("x-api-key")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"X-Bad": "a\r\nX-Injected: 1"}, {"X-Bad": "a\nb"}, {" X-Bad": "v"}, {"X-Bad:": "v"}],
+)
+def test_header_injection_is_refused_before_anything_is_sent(
+    stub: Stub, headers: dict[str, str]
+) -> None:
+    with transport_for(stub.url) as t, pytest.raises(ValueError, match="[Hh]eader"):
+        t.send_once(post(headers=headers))
+    assert stub.seen == []
+
+
 def test_server_closing_or_dropping_a_connection_costs_a_new_one_not_an_error(
     stub: Stub,
 ) -> None:
@@ -1103,16 +1201,33 @@ def test_server_closing_or_dropping_a_connection_costs_a_new_one_not_an_error(
 
 
 def test_small_bodies_leave_with_their_headers_in_one_write(
-    stub: Stub, monkeypatch: pytest.MonkeyPatch
+    stub: Stub, monkeypatch: pytest.MonkeyPatch, transport_path: str
 ) -> None:
     writes: list[int] = []
-    real_send = urllib3.connection.HTTPConnection.send
+    if transport_path == "urllib3":
+        real_send = urllib3.connection.HTTPConnection.send
 
-    def send(self: Any, data: Any) -> None:
-        writes.append(len(data))
-        real_send(self, data)
+        def send(self: Any, data: Any) -> None:
+            writes.append(len(data))
+            real_send(self, data)
 
-    monkeypatch.setattr(urllib3.connection.HTTPConnection, "send", send)
+        monkeypatch.setattr(urllib3.connection.HTTPConnection, "send", send)
+    else:
+
+        class CountingSocket(socket.socket):
+            def sendall(self, data: Any, flags: int = 0) -> None:
+                writes.append(len(data))
+                super().sendall(data, flags)
+
+        real_connect = socket.create_connection
+
+        def create_connection(*args: Any, **kw: Any) -> socket.socket:
+            real = real_connect(*args, **kw)
+            counting = CountingSocket(real.family, real.type, real.proto, fileno=real.detach())
+            counting.settimeout(kw.get("timeout"))
+            return counting
+
+        monkeypatch.setattr(_direct.socket, "create_connection", create_connection)
     small, large = b"x" * 1000, b"y" * (_connection.COALESCE_LIMIT + 1)
     with transport_for(stub.url) as t:
         for body in (small, large):

@@ -25,6 +25,7 @@ from tinker_sync.local._tls import make_throwaway_pki
 
 pytest.importorskip("cryptography")
 
+pytestmark = pytest.mark.usefixtures("transport_path")  # every test on both request paths
 KEY = "tml-tls-test-key-0123456789"
 
 
@@ -112,6 +113,23 @@ def test_an_untrusted_certificate_is_a_never_sent_connect_error(
         t.close()
     assert info.value.outcome is RequestOutcome.NOT_SENT
     assert KEY not in str(info.value)
+    assert https_server.seen == []
+
+
+def test_a_missing_ca_bundle_is_a_never_sent_connect_error(
+    https_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Like urllib3, the bundle is read when the first connection opens: creating the client
+    works, the request fails as a connect error naming the missing file's error."""
+    url = f"https://127.0.0.1:{https_server.server_address[1]}"
+    t = _transport(url, monkeypatch, tmp_path / "no-such-bundle.pem")
+    try:
+        with pytest.raises(APIConnectError) as info:
+            t.send_once(_post())
+    finally:
+        t.close()
+    assert info.value.outcome is RequestOutcome.NOT_SENT
+    assert "No such file" in str(info.value)
     assert https_server.seen == []
 
 

@@ -30,6 +30,7 @@ from tinker_sync import types
 from tinker_sync._pollhold import ADVERT_HEADER
 from tinker_sync.local import LocalServer
 
+pytestmark = pytest.mark.usefixtures("transport_path")  # every test on both request paths
 KEY = "tml-local"
 BASE = "base"
 PARAMS = types.SamplingParams(max_tokens=4, temperature=0.0)

@@ -24,8 +24,10 @@ The package is split along the seams of an HTTP client (as httpx and urllib3 are
   ``(pid, normalized base_url)``, shared by every :class:`Transport` of that server in the
   process (reference counted).
 * ``_headers``  -- the SDK's own headers and the case-insensitive merge of overrides.
-* ``_exchange`` -- one HTTP exchange through urllib3's documented ``urlopen``: send, read the
-  whole reply, follow redirects; the request's ``(connect, read)`` timeout is applied here.
+* ``_exchange`` -- one HTTP exchange: send, read the whole reply, follow redirects; the
+  request's ``(connect, read)`` timeout is applied here. Requests to the base URL's origin
+  without a proxy take the direct path (``_direct``: HTTP/1.1 on a socket, the same bytes for
+  a fraction of the CPU), the rest urllib3's documented ``urlopen`` (docs/transport.md).
 * ``_client``   -- :class:`Transport`, the per-client view: config (headers, timeouts), the
   :class:`~tinker_sync._credentials.AuthProvider`, hooks and the clock.
 * ``_context`` / ``_hooks`` -- the ``x-sdk-method`` context and observation hooks.
@@ -35,7 +37,9 @@ environment scans, header dict copies) cost more client CPU than the HTTP exchan
 What it provided is done here once per server: proxies and the CA bundle come from the same
 environment variables, redirects are followed (secrets dropped across origins) and
 ``~/.netrc`` is never read. Only urllib3's documented API is used (``urlopen``, pool managers,
-``ConnectionCls``, ``socket_options``, ``Timeout``, ``Retry``), so any urllib3 2.x works.
+``ConnectionCls``, ``socket_options``, ``Timeout``, ``Retry``), so any urllib3 2.x works; the
+direct path uses ``socket``, ``ssl`` and ``zlib`` and raises urllib3's and http.client's public
+exception classes, so failures map the same way on both paths.
 
 Every request carries explicit ``(connect, read)`` timeouts, is sent with urllib3 retries off
 (the SDK owns all retries) and is mapped on failure to the SDK exceptions: connect failures ->

@@ -124,7 +124,9 @@ def exchange(
     pool (:func:`_via_origin`, also through a CONNECT tunnel).
     """
     try:
-        if route.forward:
+        if route.direct is not None:
+            response = _Response(*route.direct.exchange(method, target, body, headers, timeout))
+        elif route.forward:
             response = _via_manager(route, method, url, body, headers, timeout)
         else:
             response = _via_origin(route, method, target, body, headers, timeout)

@@ -21,12 +21,14 @@ from urllib3 import PoolManager, ProxyManager
 from tinker_sync._clock import register_exit_callback
 from tinker_sync._fork import current_pid, make_lock, register_after_fork
 from tinker_sync._transport._connection import _InflightTracker, use_sdk_connections
+from tinker_sync._transport._direct import DirectPool, direct_pool
 from tinker_sync._transport._models import DEFAULT_POOL_SIZES, Pool
 from tinker_sync._transport._settings import (
     _environment_settings,
     _proxy_for,
     check_proxies,
     connection_settings,
+    socket_options,
     socks_manager,
 )
 from tinker_sync.exceptions import ClientClosedError
@@ -38,12 +40,13 @@ BARE_400_BUDGET = 16
 
 
 class _Route:
-    """How one :class:`Pool` reaches the server: a urllib3 pool manager and the origin's pool.
+    """How one :class:`Pool` reaches the server: a urllib3 pool manager and the origin's pool,
+    and the direct pool (``_direct``) where it may be used.
 
-    Requests to the base URL's origin go straight to ``origin`` (path-only request target),
-    skipping the manager's per-request URL parsing; ``forward`` is set when a plain-HTTP proxy
-    must see absolute URLs, in which case every request goes through the manager. Redirects to
-    other origins always go through the manager.
+    Requests to the base URL's origin go to ``direct`` when there is one, else straight to
+    ``origin`` (path-only request target), skipping the manager's per-request URL parsing;
+    ``forward`` is set when a plain-HTTP proxy must see absolute URLs, in which case every
+    request goes through the manager. Redirects always go through the manager.
     """
 
     def __init__(
@@ -70,10 +73,21 @@ class _Route:
         self.origin = manager.connection_from_url(base_url)
         self.tracker = tracker if tracker is not None else _InflightTracker()
         use_sdk_connections(self.origin, self.tracker)
+        self.direct: DirectPool | None = None
+        if proxy is None:
+            self.direct = direct_pool(
+                base_url,
+                size,
+                verify if scheme == "https" else None,
+                socket_options(pool),
+                self.tracker,
+            )
 
     def close(self) -> None:
         """Close every connection now (urllib3 2 leaves pools open until collected)."""
         try:
+            if self.direct is not None:
+                self.direct.close()
             self.origin.close()
             self.manager.clear()
         except Exception:  # pragma: no cover - best effort
