@@ -93,6 +93,7 @@ class Seen:
     headers: dict[str, str]
     body: bytes
     client_port: int
+    lines: list[tuple[str, str]] = field(default_factory=list)  # every header line, in order
 
     def header(self, name: str) -> str | None:
         for k, v in self.headers.items():
@@ -151,7 +152,12 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         req = Seen(
-            self.command, self.path, dict(self.headers.items()), body, self.client_address[1]
+            self.command,
+            self.path,
+            dict(self.headers.items()),
+            body,
+            self.client_address[1],
+            list(self.headers.items()),
         )
         stub: Stub = self.server.stub
         action = stub.next_action(req)
@@ -1170,6 +1176,11 @@ def test_both_paths_send_the_same_request_lines(stub: Stub, transport_path: str)
     assert plain_get.header("Content-Length") is None
     names = [k.lower() for k in body_post.headers]
     assert names.index("accept") < names.index("user-agent") < names.index("x-api-key")
+    with transport_for(stub.url) as t:
+        t.send_once(post(headers={"host": "tinker.example.com"}))
+    assert [v for k, v in stub.seen[-1].lines if k.lower() == "host"] == [
+        "tinker.example.com"
+    ]  # a caller's own Host header replaces the default one, never a second Host line
 
 
 @pytest.mark.parametrize(

@@ -357,12 +357,15 @@ class DirectPool:
         """The request line and header block, checked like http.client checks them."""
         if _BAD_TARGET.search(target) or not target.isascii():
             raise urllib3.exceptions.LocationValueError(f"invalid request target {target!r}")
+        host_line = self._host_line
         for name in headers:
             if name not in self._names:
                 if not _HEADER_NAME.fullmatch(name):
                     raise ValueError(f"Invalid header name {name!r}")
                 if len(self._names) < 256:
                     self._names.add(name)
+            if len(name) == 4 and name.lower() == "host":
+                host_line = ""  # the caller's own Host header replaces ours (as in urllib3)
         lines = "\r\n".join([f"{k}: {v}" for k, v in headers.items()])
         if "\r" in lines or "\n" in lines or "\0" in lines:
             for k, v in headers.items():  # the rare case: find and name the bad one
@@ -372,7 +375,7 @@ class DirectPool:
             lines += f"\r\nContent-Length: {len(body)}"
         elif method in _METHODS_WITH_BODY:
             lines += "\r\nContent-Length: 0"
-        return f"{method} {target} HTTP/1.1\r\n{self._host_line}{lines}\r\n\r\n".encode("latin-1")
+        return f"{method} {target} HTTP/1.1\r\n{host_line}{lines}\r\n\r\n".encode("latin-1")
 
     def _take(self, timeout: Timeout) -> DirectConnection:
         while True:
