@@ -821,6 +821,19 @@ def _pooled_sockets(t: Transport, pool: Pool) -> list[socket.socket]:
     return [conn.sock for conn in queued if conn is not None and conn.sock is not None]
 
 
+def test_connections_on_both_paths_get_the_same_socket_options(stub: Stub) -> None:
+    """TCP_NODELAY and keepalive (docs/guarantees.md) on the connections either path opens."""
+    from tinker_sync._transport._settings import socket_options
+
+    with transport_for(stub.url) as t:
+        assert t.send_once(post(pool=Pool.SAMPLE)).status == 200
+        sockets = _pooled_sockets(t, Pool.SAMPLE)
+        assert sockets
+        for sock in sockets:
+            for level, name, value in socket_options(Pool.SAMPLE):
+                assert sock.getsockopt(level, name) == value, (level, name)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_fork_child_rebuilds_pools_and_never_closes_inherited_sockets(stub: Stub) -> None:
     with transport_for(stub.url) as t:

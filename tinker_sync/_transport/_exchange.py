@@ -1,17 +1,18 @@
-"""One HTTP exchange on urllib3's documented API: send, read the whole reply, follow redirects.
+"""One HTTP exchange: send, read the whole reply, follow redirects.
 
 Usage::
 
     response, url = exchange(route, "POST", "/api/v1/asample", url, body, headers, timeout)
     response.status, response.headers["content-type"], response.content
 
-Every request is one ``urlopen`` call on the route's pool for the base URL's origin (or on the
-pool manager, for a plain-HTTP proxy and for redirects), with urllib3's retries and redirects
-off (the SDK owns both), the per-request ``(connect, read)`` timeout, and the body read in full
-before returning (``preload_content``), which hands the connection back to its pool. Nothing
-here touches urllib3's or http.client's private parts; the cheap options are chosen instead:
-the request target is already a path (no URL parsing, no same-host check) and the retry and
-timeout objects are built once, not per request.
+A request to the base URL's origin takes the route's direct pool when it has one (``_direct``,
+docs/transport.md). Otherwise it is one ``urlopen`` call on the route's pool for the origin
+(or on the pool manager, for a plain-HTTP proxy and for redirects), with urllib3's retries and
+redirects off (the SDK owns both), the per-request ``(connect, read)`` timeout, and the body
+read in full before returning (``preload_content``), which hands the connection back to its
+pool. Nothing here touches urllib3's or http.client's private parts; the cheap options are
+chosen instead: the request target is already a path (no URL parsing, no same-host check) and
+the retry and timeout objects are built once, not per request.
 
 Thread safety: stateless functions; urllib3 pools are thread-safe.
 """
@@ -120,8 +121,9 @@ def exchange(
     The body is read (and decoded) before returning, which hands the connection back to its
     pool. Cross-origin redirects drop secret headers; 301/302/303 turn into a bodyless GET
     like a browser (and requests) would. Requests through a plain-HTTP proxy, and redirects,
-    go through urllib3's pool manager (:func:`_via_manager`); the rest straight to the origin's
-    pool (:func:`_via_origin`, also through a CONNECT tunnel).
+    go through urllib3's pool manager (:func:`_via_manager`); the rest to the direct pool when
+    the route has one, else straight to the origin's pool (:func:`_via_origin`, also through a
+    CONNECT tunnel).
     """
     try:
         if route.direct is not None:
