@@ -84,6 +84,19 @@ def _post() -> RequestSpec:
     return RequestSpec(method="POST", path="/api/v1/x", pool=Pool.TRAIN, json={"a": 1})
 
 
+def _never_sent(server: Any, monkeypatch: pytest.MonkeyPatch, ca: Path | None) -> APIConnectError:
+    """One request to ``server`` that must fail as a connect error the server never saw."""
+    t = _transport(f"https://127.0.0.1:{server.server_address[1]}", monkeypatch, ca)
+    try:
+        with pytest.raises(APIConnectError) as info:
+            t.send_once(_post())
+    finally:
+        t.close()
+    assert info.value.outcome is RequestOutcome.NOT_SENT
+    assert server.seen == []
+    return info.value
+
+
 def test_https_with_the_configured_ca_bundle(
     https_server: Any, pki: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,16 +117,8 @@ def test_an_untrusted_certificate_is_a_never_sent_connect_error(
 ) -> None:
     monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
     monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-    url = f"https://127.0.0.1:{https_server.server_address[1]}"
-    t = _transport(url, monkeypatch, None)  # certifi's bundle does not know our test CA
-    try:
-        with pytest.raises(APIConnectError) as info:
-            t.send_once(_post())
-    finally:
-        t.close()
-    assert info.value.outcome is RequestOutcome.NOT_SENT
-    assert KEY not in str(info.value)
-    assert https_server.seen == []
+    error = _never_sent(https_server, monkeypatch, None)  # certifi does not know our test CA
+    assert KEY not in str(error)
 
 
 def test_a_missing_ca_bundle_is_a_never_sent_connect_error(
@@ -121,16 +126,8 @@ def test_a_missing_ca_bundle_is_a_never_sent_connect_error(
 ) -> None:
     """Like urllib3, the bundle is read when the first connection opens: creating the client
     works, the request fails as a connect error naming the missing file's error."""
-    url = f"https://127.0.0.1:{https_server.server_address[1]}"
-    t = _transport(url, monkeypatch, tmp_path / "no-such-bundle.pem")
-    try:
-        with pytest.raises(APIConnectError) as info:
-            t.send_once(_post())
-    finally:
-        t.close()
-    assert info.value.outcome is RequestOutcome.NOT_SENT
-    assert "No such file" in str(info.value)
-    assert https_server.seen == []
+    error = _never_sent(https_server, monkeypatch, tmp_path / "no-such-bundle.pem")
+    assert "No such file" in str(error)
 
 
 @pytest.mark.parametrize("in_subprocess", [False, True])

@@ -2,7 +2,7 @@
 
 Usage::
 
-    pool = direct_pool(base_url, size=8, verify=True, options=socket_options(), tracker=tracker)
+    pool = direct_pool(base_url, 8, verify=True, options=socket_options(), tracker=tracker)
     if pool is not None:                       # None: not eligible, use urllib3
         status, headers, content = pool.exchange("POST", "/api/v1/asample", body, headers,
                                                  Timeout(60.0, connect=5.0))
@@ -48,6 +48,7 @@ import urllib3.exceptions
 
 from tinker_sync._fork import make_lock
 from tinker_sync._transport._connection import COALESCE_LIMIT
+from tinker_sync._transport._settings import ca_locations
 
 if TYPE_CHECKING:
     import ssl
@@ -75,14 +76,15 @@ Headers = dict[str, str]
 def direct_pool(
     base_url: str,
     size: int,
-    verify: bool | str | None,
+    verify: bool | str,
     options: Sequence[tuple[int, int, int | bytes]],
     tracker: _InflightTracker,
 ) -> DirectPool | None:
     """The direct pool for ``base_url``'s origin, or None where urllib3 must be used.
 
-    ``verify``: None for plain HTTP, else True (certifi's bundle), False (no verification) or
-    a CA bundle file or directory, as for urllib3. Call only for routes without a proxy.
+    ``verify`` (used for ``https://`` only): True (certifi's bundle), False (no verification)
+    or a CA bundle file or directory, as :func:`~._settings.ca_locations` reads it. Call only
+    for routes without a proxy.
     """
     if os.environ.get(TRANSPORT_ENV, "auto").strip().lower() == "urllib3":
         return None
@@ -91,8 +93,8 @@ def direct_pool(
         return None
     if parts.scheme == "https" and not _has_tls():
         return None
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    tls = (True if verify is None else verify) if parts.scheme == "https" else None
+    tls = verify if parts.scheme == "https" else None
+    port = parts.port or (443 if tls is not None else 80)
     return DirectPool(parts.hostname, port, tls, size, options, tracker)
 
 
@@ -102,7 +104,7 @@ def _has_tls() -> bool:
         import ssl
     except ImportError:  # an interpreter built without OpenSSL
         return False
-    return bool(getattr(ssl, "HAS_SNI", False)) and hasattr(ssl.SSLContext, "wrap_socket")
+    return bool(getattr(ssl, "HAS_SNI", False))
 
 
 def _tls_context(verify: bool | str) -> ssl.SSLContext:
@@ -110,18 +112,13 @@ def _tls_context(verify: bool | str) -> ssl.SSLContext:
     loads its CA bundle then: a missing bundle is a connection error, not a setup error)."""
     import ssl
 
+    where = ca_locations(verify)
+    context = ssl.create_default_context(
+        cafile=where.get("ca_certs"), capath=where.get("ca_cert_dir")
+    )
     if verify is False:
-        context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    elif verify is True:
-        from requests.utils import DEFAULT_CA_BUNDLE_PATH  # certifi's bundle, as urllib3's path
-
-        context = ssl.create_default_context(cafile=DEFAULT_CA_BUNDLE_PATH)
-    elif os.path.isdir(verify):
-        context = ssl.create_default_context(capath=verify)
-    else:
-        context = ssl.create_default_context(cafile=verify)
     context.set_alpn_protocols(["http/1.1"])
     return context
 

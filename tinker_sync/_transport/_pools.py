@@ -75,13 +75,7 @@ class _Route:
         use_sdk_connections(self.origin, self.tracker)
         self.direct: DirectPool | None = None
         if proxy is None:
-            self.direct = direct_pool(
-                base_url,
-                size,
-                verify if scheme == "https" else None,
-                socket_options(pool),
-                self.tracker,
-            )
+            self.direct = direct_pool(base_url, size, verify, socket_options(pool), self.tracker)
 
     def close(self) -> None:
         """Close every connection now (urllib3 2 leaves pools open until collected)."""

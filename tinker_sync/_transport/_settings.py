@@ -9,7 +9,7 @@ Usage::
 Where to change how connections behave (all documented urllib3 knobs, one place each):
 
 * TCP options (``TCP_NODELAY``, keepalive, ...): :func:`socket_options`, per traffic type.
-* TLS verification: :func:`_tls_settings`.
+* TLS verification: :func:`ca_locations` (both request paths), :func:`_tls_settings` (urllib3's).
 * Timeouts are per request (``RequestSpec.timeout`` or the client's), turned into a
   ``urllib3.Timeout`` by the exchange; pools carry none of their own.
 
@@ -59,17 +59,26 @@ def _proxy_for(proxies: Mapping[str, str], scheme: str) -> str | None:
     return proxies.get(scheme) or proxies.get("all")
 
 
-def _tls_settings(verify: bool | str) -> dict[str, Any]:
-    """urllib3 keyword arguments for ``verify`` (True: the certifi bundle, as requests does)."""
+def ca_locations(verify: bool | str) -> dict[str, str]:
+    """Where the CA certificates for ``verify`` are, in urllib3's keyword names: ``ca_certs``
+    (a bundle file; True means certifi's, as requests does) or ``ca_cert_dir``; empty when
+    ``verify`` is False. The one mapping both request paths use (docs/transport.md)."""
     if verify is False:
-        return {"cert_reqs": "CERT_NONE"}
+        return {}
     if verify is True:
         from requests.utils import DEFAULT_CA_BUNDLE_PATH  # certifi's bundle
 
-        return {"cert_reqs": "CERT_REQUIRED", "ca_certs": DEFAULT_CA_BUNDLE_PATH}
+        return {"ca_certs": DEFAULT_CA_BUNDLE_PATH}
     if os.path.isdir(verify):
-        return {"cert_reqs": "CERT_REQUIRED", "ca_cert_dir": verify}
-    return {"cert_reqs": "CERT_REQUIRED", "ca_certs": verify}
+        return {"ca_cert_dir": verify}
+    return {"ca_certs": verify}
+
+
+def _tls_settings(verify: bool | str) -> dict[str, Any]:
+    """urllib3 keyword arguments for ``verify`` (see :func:`ca_locations`)."""
+    if verify is False:
+        return {"cert_reqs": "CERT_NONE"}
+    return {"cert_reqs": "CERT_REQUIRED", **ca_locations(verify)}
 
 
 #: TCP keepalive on every connection: probe after 15 s of silence, every 5 s, give up after 3
