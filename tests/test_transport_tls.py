@@ -7,6 +7,7 @@ when it is not installed); the server is the stdlib ``http.server`` behind ``ssl
 
 from __future__ import annotations
 
+import socket
 import ssl
 import threading
 from collections.abc import Iterator
@@ -16,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from tinker_sync._config import ClientConfig
+from tinker_sync._config import ClientConfig, Timeout
 from tinker_sync._credentials import StaticKeyAuth
 from tinker_sync._transport import Pool, RequestSpec, Transport
-from tinker_sync.exceptions import APIConnectError, RequestOutcome
+from tinker_sync.exceptions import APIConnectError, APIConnectTimeoutError, RequestOutcome
 from tinker_sync.local import LocalServer
 from tinker_sync.local._tls import make_throwaway_pki
 
@@ -128,6 +129,28 @@ def test_a_missing_ca_bundle_is_a_never_sent_connect_error(
     works, the request fails as a connect error naming the missing file's error."""
     error = _never_sent(https_server, monkeypatch, tmp_path / "no-such-bundle.pem")
     assert "No such file" in str(error)
+
+
+def test_a_stalled_tls_handshake_is_a_never_sent_connect_timeout(
+    pki: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that accepts the TCP connection but never answers the ClientHello: the connect
+    timeout ends the handshake, and the failure says nothing was sent (urllib3 alone would call
+    it a read timeout, which reads as "maybe sent")."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; no one reads
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(pki[0]))
+        url = f"https://127.0.0.1:{silent.getsockname()[1]}"
+        config = ClientConfig.from_env(
+            base_url=url, api_key=KEY, environ={}, timeout=Timeout(30.0, connect=0.2)
+        )
+        t = Transport(config, auth=StaticKeyAuth(config.credentials))
+        try:
+            with pytest.raises(APIConnectTimeoutError) as info:
+                t.send_once(_post())
+        finally:
+            t.close()
+    assert info.value.outcome is RequestOutcome.NOT_SENT
+    assert "handshake operation timed out" in str(info.value)  # the innermost cause's words
 
 
 @pytest.mark.parametrize("in_subprocess", [False, True])

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Collection
 from typing import Any
 
+import urllib3.exceptions
 from urllib3.connectionpool import HTTPConnectionPool
 
 from tinker_sync._fork import make_lock
@@ -87,6 +88,20 @@ def _shutdown(conn: Any) -> bool:
     return True
 
 
+def setup_timeout(
+    conn: Any, where: str, stage: str, seconds: float | None
+) -> urllib3.exceptions.ConnectTimeoutError:
+    """A connection whose TCP connect succeeded but whose setup (``stage``: the TLS handshake,
+    or a proxy's CONNECT tunnel) outlasted the connect timeout: a connect timeout, never sent.
+
+    urllib3 reports it as a read timeout, which reads as "maybe sent"; both request paths
+    report it as this instead (docs/transport.md).
+    """
+    return urllib3.exceptions.ConnectTimeoutError(
+        conn, f"Connection to {where} timed out during its {stage}. (connect timeout={seconds})"
+    )
+
+
 COALESCE_LIMIT = 64 * 1024
 """Request bodies up to this size leave in the same write as their header block."""
 
@@ -112,7 +127,12 @@ class _SdkConnection:
     _held: bytes | None = None
 
     def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
+        try:
+            super().connect()  # type: ignore[misc]
+        except TimeoutError as exc:  # the TCP connect's own timeout is a ConnectTimeoutError
+            where = f"{getattr(self, 'host', '?')}:{getattr(self, 'port', '?')}"
+            stage = "TLS handshake or proxy tunnel"
+            raise setup_timeout(self, where, stage, getattr(self, "timeout", None)) from exc
         self.tracker.connected(self)
 
     def request(

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 import urllib3.exceptions
 
 from tinker_sync._fork import make_lock
-from tinker_sync._transport._connection import COALESCE_LIMIT
+from tinker_sync._transport._connection import COALESCE_LIMIT, setup_timeout
 from tinker_sync._transport._settings import ca_locations
 
 if TYPE_CHECKING:
@@ -416,6 +416,8 @@ class DirectPool:
                     if context is None:
                         context = self._context = _tls_context(self._tls)
                     sock = context.wrap_socket(sock, server_hostname=self.host)
+                except TimeoutError as exc:  # the handshake runs under the connect timeout
+                    raise setup_timeout(self, where, "TLS handshake", timeout.connect) from exc
                 except (OSError, ValueError) as exc:
                     raise urllib3.exceptions.SSLError(exc) from exc
         except BaseException:
