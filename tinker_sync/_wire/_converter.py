@@ -22,8 +22,14 @@ Rules (docs/design/behavior.md#strict-converter, docs/design/behavior.md#json-en
 Errors are :class:`WireValidationError` (a ``ValueError``) whose message lists every bad field as
 ``message @ $.path.to[3].field``.
 
-Thread safety: the converter is built at import and never changed afterwards; all functions are
-safe to call from any thread. Fork safety: no process-local state.
+Each type's structure hook is generated on its first use and cached by the converter (never per
+call): a process that only samples never builds the training or REST hooks, nor imports those
+types (part of a spawned worker's start-up, docs/scale-out.md).
+
+Thread safety: the converter is built at import and its configuration never changes afterwards;
+all functions are safe to call from any thread (two threads that first use the same type at
+once may both generate its hook, and get the same behaviour). Fork safety: no process-local
+state.
 """
 
 from __future__ import annotations
@@ -531,39 +537,3 @@ def from_json(cls: type[_T], data: Any) -> _T:
         raise WireValidationError(name, errors) from None
     except (TypeError, ValueError, KeyError) as exc:
         raise WireValidationError(name, [f"{_format(exc, None)} @ $"]) from None
-
-
-_HOT_REPLIES = (
-    "AuthTokenResponse",
-    "ClientConfigResponse",
-    "ClientDynamicConfigResponse",
-    "CreateModelResponse",
-    "CreateSamplingSessionResponse",
-    "CreateSessionResponse",
-    "ForwardBackwardOutput",
-    "FuturesRetrieveResponse",
-    "GetInfoResponse",
-    "GetSamplerResponse",
-    "JoinSamplingSessionResponse",
-    "LoadWeightsResponse",
-    "OptimStepResponse",
-    "RequestFailedResponse",
-    "SampleResponse",
-    "SaveWeightsExternalResponse",
-    "SaveWeightsForSamplerResponse",
-    "SaveWeightsResponse",
-    "SessionHeartbeatResponse",
-    "TelemetryResponse",
-    "TryAgainResponse",
-    "UntypedAPIFuture",
-)
-"""Replies on the hot path: their structure hooks are generated at import. Every other type's
-hook is generated on first use and cached by the converter (never per call)."""
-
-
-def _warm() -> None:
-    for name in _HOT_REPLIES:
-        converter.get_structure_hook(getattr(T, name))
-
-
-_warm()
