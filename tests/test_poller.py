@@ -300,6 +300,31 @@ def test_completions_of_forgotten_requests_are_dropped(make_rig):
     assert poller._completions == {} and poller._forgotten == {}
 
 
+def test_pending_shows_samples_waiting_on_the_poller(make_rig):
+    """ServiceClient.pending() lists a sample that waits on the session futures poller, with the
+    polls sent since it was accepted and what the last poll saw (docs/guarantees.md)."""
+    rig = make_rig()
+    rig.srv.pause("active", kind="sampling")  # the sample stays pending; polls are held
+
+    def sample_entry() -> Any:
+        found = [p for p in rig.service.pending() if p.kind == "Sample"]
+        return found[0] if found else None
+
+    try:
+        fut = rig.sampler.sample(PROMPT, 1, PARAMS)
+        until(lambda: (e := sample_entry()) is not None and e.last_status == "HTTP 200")
+        entry = sample_entry()
+        assert entry.request_id == fut.request_id and entry.attempts >= 1
+        rig.srv.faults.add("retrieve_futures 503 x*")
+        until(lambda: (e := sample_entry()) is not None and e.last_status == "HTTP 503")
+        assert sample_entry().attempts >= 2  # the poll answered 200, then at least this one
+        rig.srv.faults.clear()
+    finally:
+        rig.srv.resume()
+    assert fut.result(HANG).sequences
+    assert rig.service.pending() == []
+
+
 def test_abandoned_waiters_and_close(make_rig):
     """Waiters may abandon (stuck, closed); close fails the rest and later waits."""
     rig = make_rig(long_poll_s=0.2)

@@ -7,6 +7,7 @@ Usage (inside the SDK)::
     health.reached                               # the server has answered (any status) before
     progress = health.track("req-1", "ForwardBackward")   # poll loops record what they see
     progress.attempts += 1; health.forget("req-1")
+    health.watch(poller)                         # tracked() adds poller.progress() (a weak ref)
     watch = StallWatch(clock, 600.0, "forward_backward")  # one per pending call or poll loop
     watch.useful()                               # an answer that is not a failure
     err = watch.unhealthy(exc)                   # a StalledError once 600 s passed, else None
@@ -32,9 +33,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tinker_sync._clock import Clock
 from tinker_sync._fork import make_lock
@@ -92,6 +94,12 @@ class Progress:
     attempts: int = 0
     last_status: str | None = None
     queue_state: str | None = None
+
+
+class ProgressSource(Protocol):
+    """Something that tracks pending requests of its own (the session futures poller)."""
+
+    def progress(self) -> list[Progress]: ...
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,7 @@ class Health:
         self._failures = 0
         self._last_failure: float | None = None
         self._progress: dict[str, Progress] = {}
+        self._sources: weakref.WeakSet[ProgressSource] = weakref.WeakSet()
         #: Summary of what is pending, for the warning (set by the owning client).
         self.describe_pending: Callable[[], str] = self._describe_tracked
 
@@ -289,9 +298,18 @@ class Health:
         with self._lock:
             return self._progress.get(request_id)
 
+    def watch(self, source: ProgressSource) -> None:
+        """Add ``source.progress()`` to :meth:`tracked` for as long as ``source`` lives."""
+        with self._lock:
+            self._sources.add(source)
+
     def tracked(self) -> list[Progress]:
         with self._lock:
-            return list(self._progress.values())
+            tracked = list(self._progress.values())
+            sources = list(self._sources)
+        for source in sources:  # outside the lock: a source takes its own
+            tracked += source.progress()
+        return tracked
 
     def _describe_tracked(self) -> str:
         return summarize([p.kind for p in self.tracked()])

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,7 +46,7 @@ from tinker_sync._clock import exiting
 from tinker_sync._config import Timeout
 from tinker_sync._executor import BoundedLane, pool
 from tinker_sync._fork import make_condition, make_lock, register_after_fork
-from tinker_sync._health import StallWatch
+from tinker_sync._health import Progress, StallWatch
 from tinker_sync._retry import classify
 from tinker_sync._transport import Pool, RequestSpec, error_from_reply
 from tinker_sync.exceptions import (
@@ -102,6 +103,10 @@ class SessionFuturesPoller:
         self._lock = make_lock()
         self._cond = make_condition(self._lock)
         self._waiters: dict[str, Waiter] = {}
+        #: Per waiter: the poll count and monotonic time when it registered (for pending()).
+        self._joined: dict[str, tuple[int, float]] = {}
+        #: What the last poll saw ("HTTP 200", "HTTP 503", "APIConnectError", ...).
+        self._last_status: str | None = None
         self._completions: dict[str, dict[str, Any]] = {}
         #: Cancelled request ids whose completion may still arrive (then dropped).
         self._forgotten: dict[str, None] = {}
@@ -116,6 +121,7 @@ class SessionFuturesPoller:
         self.polls = 0
         #: Set while the poll thread is parked with nothing to do (tests and debugging).
         self.parked = threading.Event()
+        session.health.watch(self)  # its waiters show in ServiceClient.pending()
 
     def __repr__(self) -> str:
         return (
@@ -137,6 +143,7 @@ class SessionFuturesPoller:
                 else:
                     failure = None
                     self._waiters[request_id] = waiter
+                    self._joined[request_id] = (self.polls, time.monotonic())
                     self.parked.clear()
                     self._ensure_thread()
                     self._cond.notify_all()
@@ -152,7 +159,7 @@ class SessionFuturesPoller:
                 self._forgotten[request_id] = None
                 while len(self._forgotten) > MAX_FORGOTTEN:
                     del self._forgotten[next(iter(self._forgotten))]
-            return self._waiters.pop(request_id, None) is not None
+            return self._take(request_id) is not None
 
     def mark_retrieved(self, request_id: str) -> None:
         """Report ``request_id``'s payload as fetched on the next successful poll."""
@@ -168,6 +175,16 @@ class SessionFuturesPoller:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    def progress(self) -> list[Progress]:
+        """For :meth:`ServiceClient.pending`: each waiting sample, the polls sent since it
+        registered (``attempts``) and what the last poll saw (``last_status``)."""
+        with self._lock:
+            polls, status = self.polls, self._last_status
+            return [
+                Progress("Sample", rid, started=since, attempts=polls - base, last_status=status)
+                for rid, (base, since) in self._joined.items()
+            ]
+
     @property
     def failure(self) -> str | None:
         return self._failure
@@ -178,8 +195,7 @@ class SessionFuturesPoller:
             if self._closing:
                 return
             self._closing = True
-            waiters = list(self._waiters.values())
-            self._waiters.clear()
+            waiters = self._take_all()
             self._completions.clear()
             if (self._retrieved or self._cursor > self._acked_cursor) and not exiting():
                 self._ensure_thread()  # one best-effort ack (skipped at interpreter exit)
@@ -266,11 +282,14 @@ class SessionFuturesPoller:
                         sdk_method=None,
                     )
                     reply = self.session.transport.send_once(spec)
+                self._last_status = f"HTTP {reply.status}"
                 hold.learn(reply.headers)
                 if reply.status >= 400:
                     raise error_from_reply(reply)
                 completions, cursor = _parse(reply.json())
             except Exception as exc:
+                if not isinstance(exc, APIStatusError):  # a status is recorded above
+                    self._last_status = type(exc).__name__
                 if closing or exiting():
                     log.debug("final retrieve_futures ack failed: %r", exc)
                     return
@@ -318,7 +337,7 @@ class SessionFuturesPoller:
                 self._cursor = max(self._cursor, cursor)
                 for completion in completions:
                     rid = completion["request_id"]
-                    waiter = self._waiters.pop(rid, None)
+                    waiter = self._take(rid)
                     if waiter is not None:
                         ready.append((waiter, completion))
                     elif rid in self._forgotten:  # cancelled: nobody will fetch it
@@ -344,15 +363,26 @@ class SessionFuturesPoller:
             with self._lock:
                 mine = self._waiters.get(rid) is waiter
                 if mine:
-                    del self._waiters[rid]
+                    self._take(rid)
             if mine:
                 self.lane.submit(waiter.on_failure, reason)
+
+    def _take(self, request_id: str) -> Waiter | None:
+        # Called with the lock held: remove one waiter (None if it was not waiting).
+        self._joined.pop(request_id, None)
+        return self._waiters.pop(request_id, None)
+
+    def _take_all(self) -> list[Waiter]:
+        # Called with the lock held: remove every waiter.
+        waiters = list(self._waiters.values())
+        self._waiters.clear()
+        self._joined.clear()
+        return waiters
 
     def _fail_waiters(self, exc: BaseException) -> None:
         """Fail the current waiters with ``exc`` (a stall); later waits poll afresh."""
         with self._lock:
-            waiters = list(self._waiters.values())
-            self._waiters.clear()
+            waiters = self._take_all()
         log.error("%s", exc)
         for waiter in waiters:
             self.lane.submit(waiter.on_failure, exc)
@@ -360,8 +390,7 @@ class SessionFuturesPoller:
     def _fail(self, message: str) -> None:
         with self._lock:
             self._failure = message
-            waiters = list(self._waiters.values())
-            self._waiters.clear()
+            waiters = self._take_all()
             self._running = False
         for waiter in waiters:
             self.lane.submit(waiter.on_failure, TinkerError(message))
