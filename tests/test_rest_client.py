@@ -19,6 +19,7 @@ from tinker_sync.exceptions import (
     ClientClosedError,
     MissingCredentialsError,
     NotFoundError,
+    StalledError,
 )
 from tinker_sync.local import LocalServer
 from tinker_sync.rest_client import RestClient
@@ -246,6 +247,24 @@ def test_http_retries_use_the_client_clock(
     server.faults.add("get_server_capabilities 503 x2")
     rest.get_server_capabilities().result(TIMEOUT)
     assert clock.delays("http-retry") == [0.5, 1.0]
+
+
+def test_stall_timeout_bounds_a_call_answered_503_forever(
+    server: LocalServer, clock: VirtualSleepClock
+) -> None:
+    """A RestClient built on its own takes ``stall_timeout`` as a ServiceClient does: a call
+    that gets no useful answer fails with StalledError after that long (not the default 600 s),
+    keeping the last status."""
+    server.faults.add("get_server_capabilities 503 x* body='restarting'")
+    start = clock.monotonic()
+    with RestClient(
+        base_url=server.url, api_key=server.api_key, stall_timeout=100.0, _clock=clock
+    ) as rest:
+        with pytest.raises(StalledError) as info:
+            rest.get_server_capabilities().result(TIMEOUT)
+    # checked between rounds of HTTP retries (about 65 s each), so well before 600 s
+    assert 100.0 <= clock.monotonic() - start < 200.0
+    assert "HTTP 503" in str(info.value) and "restarting" in str(info.value)
 
 
 # -- writes ---------------------------------------------------------------------------------

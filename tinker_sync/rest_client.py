@@ -165,6 +165,9 @@ class RestClient:
         ``~/.tinker/credentials.json`` (resolved at first use).
     :param timeout: seconds or :class:`~tinker_sync.Timeout` per request (default 60, connect 5).
     :param max_retries: HTTP-level retries per request (default 10).
+    :param stall_timeout: seconds a call may go without a useful answer before it fails with
+        :class:`~tinker_sync.StalledError` (default ``TINKER_STALL_TIMEOUT``, else 600), as
+        for :class:`~tinker_sync.ServiceClient`.
     :param default_headers_overrides: headers merged into every request (alias
         ``default_headers``).
 
@@ -185,6 +188,7 @@ class RestClient:
         default_headers_overrides: Mapping[str, str] | None = None,
         default_headers: Mapping[str, str] | None = None,
         hooks: tuple[Hook, ...] | list[Hook] | None = None,
+        stall_timeout: float | None = None,
         _clock: Clock = SYSTEM_CLOCK,
         _submission_loop: bool = True,
     ) -> None:
@@ -195,6 +199,7 @@ class RestClient:
             default_headers_overrides=default_headers_overrides,
             timeout=timeout,
             max_retries=max_retries,
+            stall_timeout=stall_timeout,
             clock=_clock,
         )
         self._setup(config, tuple(hooks or ()), _clock, loop=_submission_loop)
