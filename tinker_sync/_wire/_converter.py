@@ -23,8 +23,8 @@ Errors are :class:`WireValidationError` (a ``ValueError``) whose message lists e
 ``message @ $.path.to[3].field``.
 
 Each type's structure hook is generated on its first use and cached by the converter (never per
-call): a process that only samples never builds the training or REST hooks, nor imports those
-types (part of a spawned worker's start-up, docs/scale-out.md).
+call): a process that only samples never builds the training or REST hooks, nor imports the
+REST types (part of a spawned worker's start-up, docs/scale-out.md).
 
 Thread safety: the converter is built at import and its configuration never changes afterwards;
 all functions are safe to call from any thread (two threads that first use the same type at
