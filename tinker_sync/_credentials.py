@@ -28,7 +28,6 @@ import hmac
 import json
 import math
 import os
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -378,6 +377,8 @@ class Credentials:
         return value
 
     def _run_command(self, command: str) -> str:
+        import subprocess  # here, not at import: most processes never run a credential command
+
         try:
             proc = subprocess.run(
                 command,
