@@ -74,10 +74,12 @@ def https_server(pki: tuple[Path, Path, Path]) -> Iterator[Any]:
     thread.join(30)
 
 
-def _transport(url: str, monkeypatch: pytest.MonkeyPatch, ca: Path | None) -> Transport:
+def _transport(
+    url: str, monkeypatch: pytest.MonkeyPatch, ca: Path | None, timeout: Timeout | None = None
+) -> Transport:
     if ca is not None:
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))
-    config = ClientConfig.from_env(base_url=url, api_key=KEY, environ={})
+    config = ClientConfig.from_env(base_url=url, api_key=KEY, environ={}, timeout=timeout)
     return Transport(config, auth=StaticKeyAuth(config.credentials))
 
 
@@ -138,12 +140,8 @@ def test_a_stalled_tls_handshake_is_a_never_sent_connect_timeout(
     timeout ends the handshake, and the failure says nothing was sent (urllib3 alone would call
     it a read timeout, which reads as "maybe sent")."""
     with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; no one reads
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(pki[0]))
         url = f"https://127.0.0.1:{silent.getsockname()[1]}"
-        config = ClientConfig.from_env(
-            base_url=url, api_key=KEY, environ={}, timeout=Timeout(30.0, connect=0.2)
-        )
-        t = Transport(config, auth=StaticKeyAuth(config.credentials))
+        t = _transport(url, monkeypatch, pki[0], Timeout(30.0, connect=0.2))
         try:
             with pytest.raises(APIConnectTimeoutError) as info:
                 t.send_once(_post())
