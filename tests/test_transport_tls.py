@@ -87,17 +87,23 @@ def _post() -> RequestSpec:
     return RequestSpec(method="POST", path="/api/v1/x", pool=Pool.TRAIN, json={"a": 1})
 
 
-def _never_sent(server: Any, monkeypatch: pytest.MonkeyPatch, ca: Path | None) -> APIConnectError:
-    """One request to ``server`` that must fail as a connect error the server never saw."""
-    t = _transport(f"https://127.0.0.1:{server.server_address[1]}", monkeypatch, ca)
+def _fails_unsent(t: Transport, expected: type[APIConnectError]) -> APIConnectError:
+    """One request on ``t`` (closed after) that must fail with ``expected``, never sent."""
     try:
-        with pytest.raises(APIConnectError) as info:
+        with pytest.raises(expected) as info:
             t.send_once(_post())
     finally:
         t.close()
     assert info.value.outcome is RequestOutcome.NOT_SENT
-    assert server.seen == []
     return info.value
+
+
+def _never_sent(server: Any, monkeypatch: pytest.MonkeyPatch, ca: Path | None) -> APIConnectError:
+    """One request to ``server`` that must fail as a connect error the server never saw."""
+    t = _transport(f"https://127.0.0.1:{server.server_address[1]}", monkeypatch, ca)
+    error = _fails_unsent(t, APIConnectError)
+    assert server.seen == []
+    return error
 
 
 def test_https_with_the_configured_ca_bundle(
@@ -142,13 +148,8 @@ def test_a_stalled_tls_handshake_is_a_never_sent_connect_timeout(
     with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; no one reads
         url = f"https://127.0.0.1:{silent.getsockname()[1]}"
         t = _transport(url, monkeypatch, pki[0], Timeout(30.0, connect=0.2))
-        try:
-            with pytest.raises(APIConnectTimeoutError) as info:
-                t.send_once(_post())
-        finally:
-            t.close()
-    assert info.value.outcome is RequestOutcome.NOT_SENT
-    assert "handshake operation timed out" in str(info.value)  # the innermost cause's words
+        error = _fails_unsent(t, APIConnectTimeoutError)
+    assert "handshake operation timed out" in str(error)  # the innermost cause's words
 
 
 @pytest.mark.parametrize("in_subprocess", [False, True])
