@@ -123,6 +123,9 @@ class _SdkConnection:
     """
 
     tracker: _InflightTracker
+    host: str  # these three are the urllib3 connection's own attributes
+    port: int
+    timeout: float | None
     _holding = False
     _held: bytes | None = None
 
@@ -130,9 +133,8 @@ class _SdkConnection:
         try:
             super().connect()  # type: ignore[misc]
         except TimeoutError as exc:  # the TCP connect's own timeout is a ConnectTimeoutError
-            where = f"{getattr(self, 'host', '?')}:{getattr(self, 'port', '?')}"
-            stage = "TLS handshake or proxy tunnel"
-            raise setup_timeout(self, where, stage, getattr(self, "timeout", None)) from exc
+            where, stage = f"{self.host}:{self.port}", "TLS handshake or proxy tunnel"
+            raise setup_timeout(self, where, stage, self.timeout) from exc
         self.tracker.connected(self)
 
     def request(
