@@ -436,3 +436,25 @@ def test_two_clients_with_40mb_chunks_under_the_50mb_budget_do_not_deadlock():
         finally:
             for s in services:
                 s.close()
+
+
+def test_close_waits_for_the_sender_thread_of_an_op_in_flight(server):
+    """close() returns only once the client's sender thread has exited, even with a send in
+    flight: here one inside its HTTP backoff (the soak test's "no per-client thread survives
+    close()", made deterministic)."""
+    backing_off = threading.Event()
+
+    def hook(event) -> None:
+        if event.kind == "retry_scheduled" and event["path"].endswith("/forward_backward"):
+            backing_off.set()  # runs on the sender thread, right before its backoff sleep
+
+    service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key, hooks=[hook])
+    training = service.create_lora_training_client("base", rank=4)
+    server.faults.add("forward_backward 503 x1")
+    fwd = training.forward_backward([datum()], "cross_entropy")
+    assert backing_off.wait(HANG)
+    service.close()
+    senders = [t.name for t in threading.enumerate() if t.name.startswith("tinker_sync-sender-")]
+    assert senders == []
+    assert isinstance(fwd.exception(0), tinker_sync.ClientClosedError)
+    assert [r.status for r in server.requests.filter(endpoint="forward_backward")] == [503]

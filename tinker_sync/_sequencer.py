@@ -13,7 +13,7 @@ docs/design/behavior.md#turn-covers-send-and-retries). A job never raises into t
 its own future and the next job takes the next ids
 (docs/design/behavior.md#failed-send-fails-one-op).
 
-Invariants the tests check (notes/sequencer.md): seq_ids start at 1, are contiguous across
+Invariants the tests check (docs/sequencer.md): seq_ids start at 1, are contiguous across
 ops, are never reused; op n+1's first send starts after op n's last acceptance or failure; no
 pool worker ever waits for a turn (the sender is a dedicated thread).
 
@@ -99,6 +99,13 @@ class Sequencer:
                     on_abandon(error)
                 except Exception:
                     log.exception("error abandoning a queued job of %s", self.name)
+
+    def join(self, timeout: float) -> None:
+        """After close(): wait up to ``timeout`` s for the sender to finish its job and exit."""
+        thread = self._thread
+        mine = os.getpid() == self._pid
+        if thread is not None and mine and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def _run(self) -> None:
         while True:

@@ -139,6 +139,7 @@ class Session:
         self._threads: list[threading.Thread] = []
         self._pid = os.getpid()
         self._close_listeners: list[Callable[[], None]] = []
+        self._joiners: list[Callable[[float], None]] = []
         self._shadow = False
         configure_logging_from_env()
 
@@ -195,10 +196,18 @@ class Session:
     def in_forked_child(self) -> bool:
         return os.getpid() != self._pid
 
-    def add_close_listener(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` when the session closes (clients fail their pending work there)."""
+    def add_close_listener(
+        self, fn: Callable[[], None], *, join: Callable[[float], None] | None = None
+    ) -> None:
+        """Run ``fn`` when the session closes (clients fail their pending work there).
+
+        ``join(timeout)``, if given, waits for the client's own threads to exit; close() calls
+        it after the transport is closed, within the same bound as the session's threads.
+        """
         with self._lock:
             self._close_listeners.append(fn)
+            if join is not None:
+                self._joiners.append(join)
 
     # ---------------------------------------------------------------- start-up
 
@@ -612,16 +621,20 @@ class Session:
                 self._limiter.remove_user()  # the last session of a tenant closes its file
 
     def _join_background(self, timeout: float) -> None:
-        """Wait (bounded) for the heartbeat and timer threads to notice the stop and exit.
+        """Wait (bounded) for the heartbeat, timer and clients' threads to notice the stop and exit.
 
         A loop may be inside one last short HTTP call (10 s timeout at most); close() returns
         once it is done, so a closed client leaves no thread behind.
         """
+        if self.in_forked_child():
+            return
         deadline = time.monotonic() + timeout
         current = threading.current_thread()
         for thread in list(self._threads):
-            if thread is not current and not self.in_forked_child():
+            if thread is not current:
                 thread.join(max(0.0, deadline - time.monotonic()))
+        for join in list(self._joiners):
+            join(max(0.0, deadline - time.monotonic()))
 
 
 def _json_object(reply: Reply) -> dict[str, Any]:

@@ -127,7 +127,7 @@ class TrainingClient:
             "training", self._session.clock, identifier=model_id
         )
         self._tokenizer: TinkerTokenizer | None = None
-        self._session.add_close_listener(self._sequencer.close)
+        self._session.add_close_listener(self._sequencer.close, join=self._sequencer.join)
 
     def __repr__(self) -> str:
         return f"<TrainingClient model_id={self.model_id!r}>"
