@@ -87,6 +87,8 @@ def _on_exit() -> None:
 def _install_exit_hook() -> None:
     # threading._register_atexit callbacks run in reverse order of registration, before the
     # interpreter joins non-daemon threads (concurrent.futures registers its join the same way).
+    # It is the one private name the SDK touches: Python has no public hook that runs before
+    # that join. Feature-detected; without it the atexit fallback below still runs, later.
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
         try:
@@ -102,12 +104,10 @@ _install_exit_hook()
 
 
 def _reset_exit_in_child() -> None:
-    # Keep the object (other modules imported it by name); drop the parent's waiters and flag.
-    reinit = getattr(EXIT_EVENT, "_at_fork_reinit", None)
-    if reinit is not None:
-        reinit()
-    else:  # pragma: no cover - CPython < 3.9
-        EXIT_EVENT.clear()
+    # A fresh event: the parent's may have been locked by one of its threads at fork time.
+    # Code reads it through this module (``exiting()``, the clocks), never by an imported name.
+    global EXIT_EVENT
+    EXIT_EVENT = threading.Event()
 
 
 register_after_fork(_reset_exit_in_child)
