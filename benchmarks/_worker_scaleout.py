@@ -107,8 +107,8 @@ def _receive(conn: Any, what: str) -> tuple[Any, ...]:
 #: What a forkserver imports once, so that the workers it forks start with tinker_sync loaded.
 PRELOAD = [
     "tinker_sync.sampling_client",
-    "tinker_sync._session",
-    "tinker_sync._polling",
+    "tinker_sync._session.state",
+    "tinker_sync._polling.loop",
     "tinker_sync._wire._proto",
     "tinker_sync.types",
 ]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tinker_sync._ratelimit import reset_limiters
+from tinker_sync._flow.limiter import reset_limiters
 
 try:
     from hypothesis import settings as _hypothesis_settings

@@ -178,8 +178,8 @@ def test_thread_groups_and_peak() -> None:
 def test_summarize_collapsed(tmp_path: Path) -> None:
     raw = tmp_path / "p.txt"
     raw.write_text(
-        "run (threading.py:10);job (tinker_sync/_executor.py:5);send (tinker_sync/_transport.py:9) 6\n"
-        "run (threading.py:10);job (tinker_sync/_executor.py:7);dumps (json/__init__.py:1) 3\n"
+        "run (threading.py:10);job (tinker_sync/_runtime/executor.py:5);send (tinker_sync/_transport.py:9) 6\n"
+        "run (threading.py:10);job (tinker_sync/_runtime/executor.py:7);dumps (json/__init__.py:1) 3\n"
         "main (x.py:1) 1\n"
     )
     summary = _profile.summarize_collapsed(raw)
@@ -190,9 +190,12 @@ def test_summarize_collapsed(tmp_path: Path) -> None:
         "pct": 60.0,
     }
     inclusive = {e["frame"]: e["samples"] for e in summary["tinker_sync_inclusive"]}
-    assert inclusive["job (tinker_sync/_executor.py)"] == 9  # both lines merged
+    assert inclusive["job (tinker_sync/_runtime/executor.py)"] == 9  # both lines merged
     innermost = {e["frame"]: e["samples"] for e in summary["tinker_sync_innermost"]}
-    assert innermost == {"send (tinker_sync/_transport.py)": 6, "job (tinker_sync/_executor.py)": 3}
+    assert innermost == {
+        "send (tinker_sync/_transport.py)": 6,
+        "job (tinker_sync/_runtime/executor.py)": 3,
+    }
 
 
 def test_merge_rounds_reads_like_one_process_ran_every_repetition() -> None:

@@ -425,7 +425,7 @@ def test_demo_against_nothing_says_where_and_why(
 ) -> None:
     import socket
 
-    from tinker_sync._clock import SYSTEM_CLOCK
+    from tinker_sync._runtime.clock import SYSTEM_CLOCK
     from tinker_sync.testing import VirtualSleepClock
 
     clock = VirtualSleepClock()  # the 60 s retry window passes in virtual time
@@ -590,7 +590,7 @@ def test_unreachable_server_fails_fast(
 ) -> None:
     import socket
 
-    from tinker_sync._clock import SYSTEM_CLOCK
+    from tinker_sync._runtime.clock import SYSTEM_CLOCK
     from tinker_sync.testing import VirtualSleepClock
 
     clock = VirtualSleepClock()

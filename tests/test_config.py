@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tinker_sync._clock import FakeClock
 from tinker_sync._config import (
     DEFAULT_BASE_URL,
     ClientConfig,
@@ -38,7 +37,8 @@ from tinker_sync._credentials import (
     jwt_claims,
     jwt_expiry,
 )
-from tinker_sync._redact import scrub
+from tinker_sync._runtime.clock import FakeClock
+from tinker_sync._runtime.redact import scrub
 from tinker_sync.exceptions import MissingCredentialsError
 
 KEY = "tml-unit-test-key-0123456789"
@@ -260,7 +260,7 @@ def test_one_expiry_rule_for_static_keys_and_the_refresh_schedule(
     claims: bytes, expected: float | None
 ) -> None:
     """The static-key check and the JWT refresher read ``exp`` through the same parser."""
-    from tinker_sync import _auth
+    from tinker_sync._session import jwt
 
     token = _jwt_with_claims(claims)
     if expected is None:
@@ -268,7 +268,7 @@ def test_one_expiry_rule_for_static_keys_and_the_refresh_schedule(
             jwt_expiry(token)
     else:
         assert jwt_expiry(token) == expected
-    assert _auth._expiry(token) == expected
+    assert jwt._expiry(token) == expected
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from tinker_sync._executor import Claimable
 from tinker_sync._futures import APIFuture, completed, failed
+from tinker_sync._runtime.executor import Claimable
 from tinker_sync.exceptions import ForkedProcessError
 
 

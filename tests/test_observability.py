@@ -22,7 +22,7 @@ import pytest
 
 import tinker_sync
 from tinker_sync import types
-from tinker_sync._clock import FakeClock
+from tinker_sync._runtime.clock import FakeClock
 from tinker_sync._transport import HookEvent
 
 HANG = 60.0

@@ -33,7 +33,7 @@ import pytest
 
 import tinker_sync
 from tinker_sync import types
-from tinker_sync._ratelimit import reset_limiters
+from tinker_sync._flow.limiter import reset_limiters
 from tinker_sync.exceptions import ForkedProcessError, MissingCredentialsError
 from tinker_sync.local import LocalServer
 from tinker_sync.sampling_client import SEQ_STRIDE, SamplingClient
@@ -342,7 +342,7 @@ def test_child_closes_no_inherited_socket(srv, service, held_srv):
     def child() -> dict[str, Any]:
         import gc
 
-        from tinker_sync._clock import _on_exit
+        from tinker_sync._runtime.clock import _on_exit
 
         inherited = _open_socket_fds()
         touched: list[int] = []
@@ -460,8 +460,8 @@ def _sample_in_pool(method: str, workers: int, srv: LocalServer, monkeypatch: An
                 [
                     __name__,
                     "tinker_sync.sampling_client",
-                    "tinker_sync._session",
-                    "tinker_sync._polling",
+                    "tinker_sync._session.state",
+                    "tinker_sync._polling.loop",
                     "tinker_sync._wire._proto",
                     "tinker_sync.types",
                 ]

@@ -506,7 +506,7 @@ def test_async_aliases_resolve_to_values(rest: RestClient, seed: Seed) -> None:
 
 
 def test_cancel_before_send_sends_nothing(rest: RestClient, server: LocalServer) -> None:
-    from tinker_sync._executor import pool
+    from tinker_sync._runtime.executor import pool
 
     gate = threading.Event()
     started = threading.Event()

@@ -4,7 +4,7 @@ docs/design/behavior.md#dispatch-gates, docs/design/behavior.md#shared-backoff,
 docs/design/behavior.md#paused-queue-extends-backoff, docs/design/behavior.md#sampling-retry-layer,
 docs/design/behavior.md#sampling-wire-rules, docs/design/behavior.md#sample-cancellation), and
 the sampling half of docs/design/behavior.md#older-servers. The limiter's own unit tests are in
-test_ratelimit.py.
+tests/flow/test_limiter.py.
 
 Threads are released on barriers; delays are asserted on a FakeClock or from the server's
 request log (arrival times), never from wall-clock order in the client.
@@ -29,9 +29,9 @@ import pytest
 
 import tinker_sync
 from tinker_sync import types
-from tinker_sync._clock import FakeClock
-from tinker_sync._ratelimit import reset_limiters
-from tinker_sync._sampling_retry import RetryConfig
+from tinker_sync._flow.limiter import reset_limiters
+from tinker_sync._runtime.clock import FakeClock
+from tinker_sync._sampling.retry import RetryConfig
 from tinker_sync.exceptions import (
     ClientClosedError,
     InternalServerError,
@@ -237,7 +237,7 @@ def test_legacy_server_sampling_without_sequence_ids(make_server, make_client):
 
 _T_B1_CHILD = r"""
 import json, sys, threading
-from tinker_sync._executor import configure_threads
+from tinker_sync._runtime.executor import configure_threads
 configure_threads(sample_submit=1200)   # let the dispatch gate, not the pool, bind
 import tinker_sync
 from tinker_sync import types
@@ -802,7 +802,7 @@ def test_handles_and_pickles_rebuild_clients_without_io(server, service):
 
 def test_a_waiting_caller_runs_its_queued_sample_itself(server, make_client):
     """Inlining: a sample no worker has started is sent from the thread blocked in result()."""
-    from tinker_sync._executor import DEFAULT_SIZES, pool
+    from tinker_sync._runtime.executor import DEFAULT_SIZES, pool
 
     senders: list[tuple[str, str]] = []
 

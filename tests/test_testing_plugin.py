@@ -21,7 +21,7 @@ import pytest
 import requests
 
 import tinker_sync
-from tinker_sync._clock import SYSTEM_CLOCK, SystemClock
+from tinker_sync._runtime.clock import SYSTEM_CLOCK, SystemClock
 
 SEEN = {}
 

@@ -104,7 +104,7 @@ def test_retried_chunk_reuses_seq_id_and_idempotency_key(server):
     """500, 500, 200 share seq_id and key; the next op leaves after
     (docs/design/behavior.md#turn-covers-send-and-retries, docs/design/behavior.md#idempotency-key).
     """
-    from tinker_sync._clock import FakeClock
+    from tinker_sync._runtime.clock import FakeClock
 
     clock = FakeClock(rng=lambda: 0.0)  # jitter factor 1 - 0.25 * r: the top of the range
     service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key, _clock=clock)
@@ -195,7 +195,7 @@ def test_32_clients_8_threads_mixed_ops_all_finish(server, service):
     """No pool deadlock with many clients and threads
     (docs/design/behavior.md#send-order-and-chunk-fanout, docs/design/behavior.md#thread-inventory).
     """
-    from tinker_sync._executor import _pools, configure_threads
+    from tinker_sync._runtime.executor import _pools, configure_threads
 
     clients = [service.create_lora_training_client("base", rank=4) for _ in range(32)]
     barrier = threading.Barrier(8)
@@ -345,7 +345,7 @@ def test_one_idempotency_key_across_both_retry_layers(server):
 
     See docs/design/behavior.md#idempotency-key.
     """
-    from tinker_sync._clock import FakeClock
+    from tinker_sync._runtime.clock import FakeClock
 
     clock = FakeClock(rng=lambda: 0.0)
     service = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key, _clock=clock)

@@ -38,11 +38,11 @@ import urllib3
 import urllib3.exceptions
 
 from tinker_sync import _transport
-from tinker_sync._auth import JwtAuth, TokenExchange
-from tinker_sync._clock import FakeClock
 from tinker_sync._config import ClientConfig, Timeout
 from tinker_sync._credentials import CredentialAuth, StaticKeyAuth
-from tinker_sync._retry import send_with_retries
+from tinker_sync._flow.retry import send_with_retries
+from tinker_sync._runtime.clock import FakeClock
+from tinker_sync._session.jwt import JwtAuth, TokenExchange
 from tinker_sync._transport import (
     BARE_400_BUDGET,
     USER_AGENT,

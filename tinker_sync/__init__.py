@@ -32,7 +32,7 @@ _EXPORTS: dict[str, str] = {
     "SamplingClient": "tinker_sync.sampling_client",
     "RestClient": "tinker_sync.rest_client",
     "APIFuture": "tinker_sync._futures",
-    "PendingFuture": "tinker_sync._health",
+    "PendingFuture": "tinker_sync._flow.health",
     "BackcompatTrainingClientFuture": "tinker_sync.training_client",
     "BackcompatSamplingClientFuture": "tinker_sync.sampling_client",
     # config
@@ -208,11 +208,11 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     from tinker_sync import types as types
     from tinker_sync._config import RequestOptions as RequestOptions
     from tinker_sync._config import Timeout as Timeout
+    from tinker_sync._flow.health import PendingFuture as PendingFuture
     from tinker_sync._futures import (
         APIFuture as APIFuture,
     )
-    from tinker_sync._health import PendingFuture as PendingFuture
-    from tinker_sync._sampling_retry import RetryConfig as RetryConfig
+    from tinker_sync._sampling.retry import RetryConfig as RetryConfig
     from tinker_sync.exceptions import (
         APIConnectError as APIConnectError,
     )

@@ -37,9 +37,9 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from tinker_sync._clock import SYSTEM_CLOCK, Clock
 from tinker_sync._credentials import Credentials, Secret
-from tinker_sync._redact import is_secret_header, redact_headers, scrub
+from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
+from tinker_sync._runtime.redact import is_secret_header, redact_headers, scrub
 
 __all__ = [
     "DEFAULT_BASE_URL",

@@ -9,11 +9,12 @@ Usage::
 
 Everything here is about what the SDK holds to authenticate and how it finds it
 (docs/design/behavior.md#credential-order, docs/design/behavior.md#secrets-never-leak); the
-token exchange of servers with JWT auth is in ``_auth`` (it needs the transport), and the public
-helpers of ``tinker_sync.auth`` read from here.
+token exchange of servers with JWT auth is in ``_session.jwt`` (it needs the transport), and the
+public helpers of ``tinker_sync.auth`` read from here.
 
 Secrets (API keys, JWTs, the Cloudflare secret) are held in :class:`Secret`, whose repr/str is
-``<redacted>``, which registers itself with :mod:`tinker_sync._redact` and which refuses to pickle.
+``<redacted>``, which registers itself with :mod:`tinker_sync._runtime.redact` and which refuses
+to pickle.
 
 Thread safety: :class:`Secret` is immutable; :class:`Credentials` resolves lazily under a
 fork-safe lock. Fork safety: plain data; a forked child keeps the resolved values.
@@ -34,9 +35,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from tinker_sync._clock import SYSTEM_CLOCK, Clock
-from tinker_sync._fork import make_lock
-from tinker_sync._redact import REDACTED, register_secret
+from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
+from tinker_sync._runtime.fork import make_lock
+from tinker_sync._runtime.redact import REDACTED, register_secret
 from tinker_sync.exceptions import MissingCredentialsError
 
 __all__ = [
@@ -69,8 +70,8 @@ MISSING_CREDENTIALS_MESSAGE = (
 class Secret:
     """A secret string: ``repr``/``str`` show ``<redacted>``, ``reveal()`` gives the value.
 
-    Creating one registers the value with :func:`tinker_sync._redact.register_secret`, so it is
-    scrubbed from every exception message and log line. Pickling raises TypeError: carrying a
+    Creating one registers the value with :func:`tinker_sync._runtime.redact.register_secret`, so
+    it is scrubbed from every exception message and log line. Pickling raises TypeError: carrying a
     secret across processes must be an explicit ``reveal()`` by the caller.
     Thread safety: immutable. Fork safety: plain data.
     """

@@ -24,11 +24,11 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from tinker_sync._fork import register_after_fork
+from tinker_sync._runtime.fork import register_after_fork
 from tinker_sync.exceptions import ForkedProcessError
 
 if TYPE_CHECKING:
-    from tinker_sync._executor import Claimable
+    from tinker_sync._runtime.executor import Claimable
 
 T = TypeVar("T")
 log = logging.getLogger("tinker_sync.futures")
@@ -207,7 +207,7 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
         (docs/design/behavior.md#telemetry)."""
         owner = getattr(self, "_owner", None)
         if owner is not None and isinstance(exc, Exception):
-            from tinker_sync._telemetry import report_escaped
+            from tinker_sync._session.telemetry import report_escaped
 
             report_escaped(exc, owner)
 

@@ -24,8 +24,8 @@ import sys
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
-from tinker_sync._executor import pool
 from tinker_sync._futures import APIFuture
+from tinker_sync._runtime.executor import pool
 
 C = TypeVar("C")
 

@@ -88,9 +88,9 @@ def raise_if_tinker_not_accessible() -> None:
 
 
 def _check_accessible() -> None:
-    from tinker_sync._auth import make_auth
     from tinker_sync._config import PROTOCOL_VERSION
-    from tinker_sync._retry import send_with_retries
+    from tinker_sync._flow.retry import send_with_retries
+    from tinker_sync._session.jwt import make_auth
     from tinker_sync._transport import Pool, RequestSpec, Transport
 
     config = ClientConfig.from_env()

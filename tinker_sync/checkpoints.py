@@ -37,8 +37,8 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
-from tinker_sync._clock import SYSTEM_CLOCK, Clock
 from tinker_sync._paths import parse_checkpoint_path
+from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
 from tinker_sync.exceptions import (
     APIConnectionError,
     APITimeoutError,

@@ -45,7 +45,7 @@ import json as _json
 from collections.abc import Mapping
 from typing import Any
 
-from tinker_sync._redact import redact_headers, scrub
+from tinker_sync._runtime.redact import redact_headers, scrub
 
 __all__ = [
     "APIConnectError",

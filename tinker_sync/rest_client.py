@@ -30,16 +30,16 @@ from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from tinker_sync._asyncio import awaiting_alias
-from tinker_sync._clock import SYSTEM_CLOCK, Clock
 from tinker_sync._config import ClientConfig, Timeout
 from tinker_sync._credentials import jwt_claims
-from tinker_sync._executor import pool
+from tinker_sync._flow.retry import send_with_retries
 from tinker_sync._futures import APIFuture, fail_pending
 from tinker_sync._paths import CheckpointPath, parse_checkpoint_path
-from tinker_sync._redact import register_secret
-from tinker_sync._retry import send_with_retries
-from tinker_sync._session import Session
+from tinker_sync._runtime.asyncio_bridge import awaiting_alias
+from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
+from tinker_sync._runtime.executor import pool
+from tinker_sync._runtime.redact import register_secret
+from tinker_sync._session.state import Session
 from tinker_sync._transport import (
     Hook,
     Pool,
@@ -693,7 +693,7 @@ class RestClient:
             raise RuntimeError(f"the auth JWT lacks identity claims ({exc})") from None
 
     def _identity_jwt(self) -> str | None:
-        from tinker_sync._auth import JwtAuth
+        from tinker_sync._session.jwt import JwtAuth
 
         session = self._session
         auth = session.transport.auth  # starts the client (config, JWT exchange) if needed

@@ -59,19 +59,19 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from tinker_sync import _pending
-from tinker_sync._asyncio import awaiting_alias, direct_alias
-from tinker_sync._fork import make_lock
 from tinker_sync._futures import APIFuture
-from tinker_sync._poller import SessionFuturesPoller
-from tinker_sync._queuestate import QueueStateReporter
-from tinker_sync._sample_job import SampleJob, check_features, close_poller
-from tinker_sync._sampler_handles import (
+from tinker_sync._polling.poller import SessionFuturesPoller
+from tinker_sync._polling.queuestate import QueueStateReporter
+from tinker_sync._runtime.asyncio_bridge import awaiting_alias, direct_alias
+from tinker_sync._runtime.fork import make_lock
+from tinker_sync._sampling.handles import (
     SEQ_STRIDE,
     new_clone_id,
     release_shadow,
     shadow_session,
 )
-from tinker_sync._sampling_retry import RetryConfig, RetryHandler, handler_for
+from tinker_sync._sampling.job import SampleJob, check_features, close_poller
+from tinker_sync._sampling.retry import RetryConfig, RetryHandler, handler_for
 from tinker_sync._transport import (
     Pool,
     RequestSpec,
@@ -95,7 +95,7 @@ from tinker_sync.types import (
 )
 
 if TYPE_CHECKING:
-    from tinker_sync._session import Session
+    from tinker_sync._session.state import Session
     from tinker_sync.service_client import ServiceClient
     from tinker_sync.tokenizer import TinkerTokenizer
 
@@ -237,7 +237,7 @@ class SamplingClient:
             # shadow of the parent's session with fresh transport state, and a new clone id so
             # seq_ids never collide. The parent's transport, poller and threads are abandoned, never
             # closed (docs/design/behavior.md#drop-inherited-transport).
-            from tinker_sync._session import Session
+            from tinker_sync._session.state import Session
 
             parent = self._session
             self._session = Session.shadow(

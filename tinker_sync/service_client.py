@@ -26,16 +26,16 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from tinker_sync import _pending
-from tinker_sync._asyncio import blocking_alias
-from tinker_sync._clock import SYSTEM_CLOCK, Clock
 from tinker_sync._config import ClientConfig, Timeout, normalize_base_url
+from tinker_sync._flow.health import PendingFuture, summarize
 from tinker_sync._futures import APIFuture
-from tinker_sync._health import PendingFuture, summarize
-from tinker_sync._polldecide import Decision
-from tinker_sync._polling import Poll
-from tinker_sync._queuestate import QueueStateReporter
-from tinker_sync._session import Session
-from tinker_sync._telemetry import captures_exceptions
+from tinker_sync._polling.decide import Decision
+from tinker_sync._polling.loop import Poll
+from tinker_sync._polling.queuestate import QueueStateReporter
+from tinker_sync._runtime.asyncio_bridge import blocking_alias
+from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
+from tinker_sync._session.state import Session
+from tinker_sync._session.telemetry import captures_exceptions
 from tinker_sync._transport import Hook, Pool, RequestSpec, quote_path, sdk_method_scope
 from tinker_sync._wire._converter import from_json, to_json
 from tinker_sync.exceptions import (
@@ -57,7 +57,7 @@ from tinker_sync.types import (
 )
 
 if TYPE_CHECKING:
-    from tinker_sync._sampling_retry import RetryConfig
+    from tinker_sync._sampling.retry import RetryConfig
     from tinker_sync.rest_client import RestClient
     from tinker_sync.sampling_client import SamplingClient
     from tinker_sync.training_client import LossHandle, PerDatumLossFn, TrainingClient
@@ -89,7 +89,7 @@ class ServiceClient:
     :param pickle_credentials: let pickled SamplingClients carry the API key (default False).
     :param max_workers: accepted for compatibility and validated, but it sizes nothing: the
         SDK's thread pools are process-wide and shared by every client (sizes per role:
-        ``tinker_sync._executor.configure_threads``, before the first request).
+        ``tinker_sync._runtime.executor.configure_threads``, before the first request).
     :param hooks: callables receiving ``HookEvent`` objects (requests, retries, backoffs).
     """
 

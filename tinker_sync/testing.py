@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 
-from tinker_sync._clock import SYSTEM_CLOCK, FakeClock, SystemClock, Waitable
+from tinker_sync._runtime.clock import SYSTEM_CLOCK, FakeClock, SystemClock, Waitable
 
 if TYPE_CHECKING:
     from tinker_sync.local import FaultPlan, LocalServer
@@ -73,7 +73,7 @@ def reset_process_state() -> None:
 
     Call it between tests that must not share process-wide SDK state.
     """
-    from tinker_sync._ratelimit import reset_limiters
+    from tinker_sync._flow.limiter import reset_limiters
     from tinker_sync._transport import close_all_pools
 
     close_all_pools()

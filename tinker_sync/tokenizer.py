@@ -50,7 +50,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tinker_sync import _byte_tokenizer
-from tinker_sync._redact import register_secret
+from tinker_sync._runtime.redact import register_secret
 from tinker_sync.exceptions import TokenizerLoadError
 
 __all__ = [

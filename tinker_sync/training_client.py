@@ -30,15 +30,15 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from tinker_sync import _pending
-from tinker_sync._asyncio import blocking_alias, direct_alias
-from tinker_sync._chunkgroup import ChunkGroup
-from tinker_sync._executor import pool
 from tinker_sync._futures import APIFuture
-from tinker_sync._polldecide import Decision
-from tinker_sync._polling import Poll
-from tinker_sync._queuestate import QueueStateReporter
-from tinker_sync._sequencer import Sequencer
-from tinker_sync._telemetry import captures_exceptions
+from tinker_sync._polling.decide import Decision
+from tinker_sync._polling.loop import Poll
+from tinker_sync._polling.queuestate import QueueStateReporter
+from tinker_sync._runtime.asyncio_bridge import blocking_alias, direct_alias
+from tinker_sync._runtime.executor import pool
+from tinker_sync._session.telemetry import captures_exceptions
+from tinker_sync._training.chunkgroup import ChunkGroup
+from tinker_sync._training.sequencer import Sequencer
 from tinker_sync._transport import Pool, RequestSpec, current_sdk_method, sdk_method_scope
 from tinker_sync._validate import check_loss_inputs
 
@@ -64,8 +64,8 @@ from tinker_sync.types import (
 )
 
 if TYPE_CHECKING:
-    from tinker_sync._sampling_retry import RetryConfig
-    from tinker_sync._session import Session
+    from tinker_sync._sampling.retry import RetryConfig
+    from tinker_sync._session.state import Session
     from tinker_sync.sampling_client import SamplingClient
     from tinker_sync.service_client import ServiceClient
     from tinker_sync.tokenizer import TinkerTokenizer
@@ -455,7 +455,7 @@ class TrainingClient:
         future fails with the original error; the client stays usable.
         """
         with sdk_method_scope("TrainingClient.forward_backward_custom"):
-            from tinker_sync._custom_loss import submit_custom_loss
+            from tinker_sync._training.custom_loss import submit_custom_loss
 
             if loss_type_input is not None:
                 if loss_type_input != "logprobs":

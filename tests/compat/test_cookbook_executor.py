@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tinker_sync._ratelimit import reset_limiters
+from tinker_sync._flow.limiter import reset_limiters
 from tinker_sync.local import LocalServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))

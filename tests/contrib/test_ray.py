@@ -20,7 +20,7 @@ import pytest
 
 import tinker_sync
 from tinker_sync import types
-from tinker_sync._ratelimit import reset_limiters
+from tinker_sync._flow.limiter import reset_limiters
 from tinker_sync.exceptions import MissingCredentialsError
 from tinker_sync.local import LocalServer
 from tinker_sync.sampling_client import SEQ_STRIDE, SamplingClient

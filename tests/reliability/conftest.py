@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tinker_sync._ratelimit import reset_limiters
+from tinker_sync._flow.limiter import reset_limiters
 
 
 @pytest.fixture(autouse=True)

@@ -39,7 +39,7 @@ from reliability_helpers import HANG, applied, datum, outcome_of, prompt, skippe
 
 import tinker_sync
 from tinker_sync import types
-from tinker_sync._clock import SYSTEM_CLOCK, Clock, FakeClock
+from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock, FakeClock
 from tinker_sync.exceptions import (
     APIStatusError,
     FutureExpiredError,
@@ -671,7 +671,7 @@ def test_submission_budget_ends_whatever_the_clock_reads() -> None:
 
     See docs/design/behavior.md#submission-loop.
     """
-    from tinker_sync._retry import SubmissionRetry, submission_loop
+    from tinker_sync._flow.retry import SubmissionRetry, submission_loop
 
     calls = 0
 

@@ -329,14 +329,15 @@ def held_by_another_thread(locks: list[Any]) -> Iterator[None]:
 
 
 def sdk_locks(sampler: Any) -> list[Any]:
-    from tinker_sync import _executor, _ratelimit
+    from tinker_sync._flow import limiter
+    from tinker_sync._runtime import executor
     from tinker_sync._transport import _pools
 
     return [
         sampler._seq_lock,
         _pools._registry_lock,
-        _ratelimit._registry_lock,
-        _executor._pools_lock,
+        limiter._registry_lock,
+        executor._pools_lock,
     ]
 
 
@@ -418,14 +419,14 @@ def test_child_survives_the_secret_registry_lock_held_at_fork(
 ) -> None:
     """A lock held by another parent thread at fork must not block the child.
 
-    ``tinker_sync._redact._lock`` guards ``register_secret``, which runs whenever a credential
-    is resolved (every ``Secret``), when a JWT is refreshed and on ``copy_weights`` with a
-    token, so a parent thread can hold it at any moment. It is a plain ``threading.Lock`` with
+    ``tinker_sync._runtime.redact._lock`` guards ``register_secret``, which runs whenever a
+    credential is resolved (every ``Secret``), when a JWT is refreshed and on ``copy_weights``
+    with a token, so a parent thread can hold it at any moment. It is a plain ``threading.Lock`` with
     no after-fork reset, unlike the SDK's other locks.
 
     See docs/design/behavior.md#fork-detection.
     """
-    from tinker_sync import _redact
+    from tinker_sync._runtime import redact
 
     monkeypatch.setenv("TINKER_API_KEY", "tml-" + secrets.token_hex(20))
     with LocalServer(long_poll_s=1.0, api_key=None, in_subprocess=True) as server:
@@ -438,7 +439,7 @@ def test_child_survives_the_secret_registry_lock_held_at_fork(
                 got = sampler.sample(types.ModelInput.from_ints(prompt), 1, PARAMS).result(20)
             return {"ok": list(got.sequences[0].tokens) == oracle_tokens(prompt)}
 
-        with held_by_another_thread([_redact._lock]):
+        with held_by_another_thread([redact._lock]):
             child = fork_child(body)
         report = reap(child, timeout=30)
     assert report == {"ok": True}

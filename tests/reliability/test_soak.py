@@ -51,7 +51,7 @@ pytestmark = pytest.mark.soak
 
 PRODUCERS = 4
 MIN_TRAIN_STEPS = 60
-#: Pool workers are process-wide and exit after 30 s idle (tinker_sync._executor).
+#: Pool workers are process-wide and exit after 30 s idle (tinker_sync._runtime.executor).
 POOL_THREAD = re.compile(
     r"^tinker_sync-(sample-submit|sample-poll|train-submit|train-poll|rest|async|hedge|timer)-\d+$"
 )

@@ -27,7 +27,7 @@ from tcp_faults import Exchange, Fault, FaultRates, TcpFaultProxy
 
 import tinker_sync
 from tinker_sync import types
-from tinker_sync._pollhold import ADVERT_HEADER
+from tinker_sync._polling.hold import ADVERT_HEADER
 from tinker_sync.local import LocalServer
 
 pytestmark = pytest.mark.usefixtures("transport_path")  # every test on both request paths

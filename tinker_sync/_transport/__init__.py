@@ -7,7 +7,7 @@ Usage::
     transport = Transport(config, auth=StaticKeyAuth(config.credentials), hooks=(my_hook,))
     spec = RequestSpec(method="POST", path="/api/v1/get_info", pool=Pool.TRAIN,
                        json={"model_id": mid, "type": "get_info"})
-    reply = transport.send_once(spec, attempt=0)      # one attempt; retries live in _retry
+    reply = transport.send_once(spec, attempt=0)      # one attempt; retries live in _flow.retry
     reply.status, reply.headers["content-type"], reply.json()
     transport.close()
 

@@ -10,11 +10,11 @@ import urllib.parse
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from tinker_sync._clock import SYSTEM_CLOCK, Clock
 from tinker_sync._config import PROTOCOL_VERSION, ClientConfig
 from tinker_sync._credentials import AuthProvider
-from tinker_sync._fork import current_pid, make_lock
-from tinker_sync._redact import redact_headers, scrub
+from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
+from tinker_sync._runtime.fork import current_pid, make_lock
+from tinker_sync._runtime.redact import redact_headers, scrub
 from tinker_sync._transport import _exchange, _hooks
 from tinker_sync._transport._errors import is_invalid_token, map_transport_error
 from tinker_sync._transport._headers import (

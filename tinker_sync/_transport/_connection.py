@@ -20,7 +20,7 @@ from typing import Any
 import urllib3.exceptions
 from urllib3.connectionpool import HTTPConnectionPool
 
-from tinker_sync._fork import make_lock
+from tinker_sync._runtime.fork import make_lock
 
 
 class _InflightTracker:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import urllib3.exceptions
 
-from tinker_sync._fork import make_lock
+from tinker_sync._runtime.fork import make_lock
 from tinker_sync._transport._connection import COALESCE_LIMIT, setup_timeout
 from tinker_sync._transport._settings import ca_locations
 

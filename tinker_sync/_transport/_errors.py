@@ -16,8 +16,8 @@ from typing import Any
 
 import urllib3.exceptions
 
-from tinker_sync._causes import related
-from tinker_sync._redact import scrub
+from tinker_sync._runtime.causes import related
+from tinker_sync._runtime.redact import scrub
 from tinker_sync._transport._models import Reply
 from tinker_sync.exceptions import (
     APIConnectError,

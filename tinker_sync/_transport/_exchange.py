@@ -28,7 +28,7 @@ from urllib3 import Timeout as _Urllib3Timeout
 from urllib3.util import Retry
 
 from tinker_sync._config import Timeout
-from tinker_sync._redact import is_secret_header
+from tinker_sync._runtime.redact import is_secret_header
 from tinker_sync._transport._pools import _Route
 from tinker_sync.exceptions import APIConnectionError
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from tinker_sync._fork import make_lock
+from tinker_sync._runtime.fork import make_lock
 
 logger = logging.getLogger("tinker_sync.transport")
 

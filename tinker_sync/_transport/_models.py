@@ -19,7 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from tinker_sync._config import Timeout
-from tinker_sync._redact import redact_headers
+from tinker_sync._runtime.redact import redact_headers
 from tinker_sync._transport._context import current_sdk_method
 from tinker_sync.exceptions import (
     APIResponseValidationError,

@@ -18,8 +18,8 @@ from collections.abc import Collection, Mapping
 
 from urllib3 import PoolManager, ProxyManager
 
-from tinker_sync._clock import register_exit_callback
-from tinker_sync._fork import current_pid, make_lock, register_after_fork
+from tinker_sync._runtime.clock import register_exit_callback
+from tinker_sync._runtime.fork import current_pid, make_lock, register_after_fork
 from tinker_sync._transport._connection import _InflightTracker, use_sdk_connections
 from tinker_sync._transport._direct import DirectPool, direct_pool
 from tinker_sync._transport._models import DEFAULT_POOL_SIZES, Pool

@@ -1,5 +1,5 @@
 """``from tinker_sync.lib.retry_handler import RetryConfig`` (the official SDK's import path)."""
 
-from tinker_sync._sampling_retry import RetryConfig
+from tinker_sync._sampling.retry import RetryConfig
 
 __all__ = ["RetryConfig"]

@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
-from tinker_sync._redact import scrub
+from tinker_sync._runtime.redact import scrub
 from tinker_sync.local._faults import FaultPlan, FaultRule, FaultSpec, parse_fault
 from tinker_sync.local._httpapi import HttpRequest, HttpResponse
 from tinker_sync.local._log import DROPPED, RecordedRequest, RequestLog, StatusFilter

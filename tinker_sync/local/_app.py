@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
-from tinker_sync._redact import register_secret, scrub
+from tinker_sync._runtime.redact import register_secret, scrub
 from tinker_sync.local import _wirecodec as codec
 from tinker_sync.local._body import (
     HttpError,

@@ -39,7 +39,7 @@ from concurrent.futures import Future as ConcurrentFuture
 from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl, unquote
 
-from tinker_sync._redact import scrub
+from tinker_sync._runtime.redact import scrub
 from tinker_sync.local._faults import FaultDecision, FaultPlan, endpoint_of
 from tinker_sync.local._httpapi import App, HttpRequest, HttpResponse
 from tinker_sync.local._log import RecordedRequest, RequestLog

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, TypeAlias
 
-from tinker_sync._redact import redact_headers
+from tinker_sync._runtime.redact import redact_headers
 from tinker_sync.local._faults import compile_glob
 
 __all__ = ["DROPPED", "RecordedRequest", "RequestLog", "StatusFilter"]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from tinker_sync._redact import scrub
+from tinker_sync._runtime.redact import scrub
 from tinker_sync.local import _wirecodec as codec
 from tinker_sync.local._body import (
     Body,

@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from tinker_sync._redact import register_secret
+from tinker_sync._runtime.redact import register_secret
 from tinker_sync.local._body import (
     HttpError,
     json_body,

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tinker_sync._fork import make_lock, register_after_fork
+from tinker_sync._runtime.fork import make_lock, register_after_fork
 
 #: (setter, getter) symbol pairs of the OpenBLAS builds numpy ships or links.
 _SYMBOLS = (

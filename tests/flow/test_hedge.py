@@ -1,0 +1,164 @@
+"""Hedger: when a second copy of a request leaves, who wins, and what happens to the loser.
+
+The sends are scripted with events (no network): the first copy blocks until it is aborted or
+released, so nothing depends on how fast the machine is beyond the hedge's own delay.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tinker_sync._flow.hedge import FACTOR, MIN_DELAY_S, MIN_SAMPLES, Hedger
+from tinker_sync._transport import Reply
+from tinker_sync.exceptions import APIConnectionError
+
+HANG = 60.0
+
+
+def reply(status: int = 200, body: bytes = b"{}") -> Reply:
+    return Reply(
+        status=status, headers={}, content=body, elapsed=0.0, method="POST", url="http://x/"
+    )
+
+
+def warmed(lossy: bool = True, latency: float = 0.001, kind: str = "k") -> Hedger:
+    hedger = Hedger(lambda: lossy)
+    for _ in range(MIN_SAMPLES):
+        hedger.record(kind, latency)
+    return hedger
+
+
+class Blocked:
+    """A first copy that waits until ``abort`` (then fails, like a shut-down socket)."""
+
+    def __init__(self) -> None:
+        self.aborted = threading.Event()
+        self.release = threading.Event()
+        self.thread: int | None = None
+        self.aborted_thread: int | None = None
+
+    def send(self) -> Reply:
+        self.thread = threading.get_ident()
+        while not self.release.is_set():
+            if self.aborted.wait(0.01):
+                raise APIConnectionError("connection shut down")
+        return reply(200, b"first")
+
+    def abort(self, ident: int) -> None:
+        self.aborted_thread = ident
+        self.aborted.set()
+
+
+def test_the_delay_follows_recent_latency_with_a_floor() -> None:
+    hedger = Hedger(lambda: True)
+    assert hedger.delay("k") is None  # nothing known yet
+    for _ in range(MIN_SAMPLES - 1):
+        hedger.record("k", 0.5)
+    assert hedger.delay("k") is None
+    hedger.record("k", 0.5)
+    assert hedger.delay("k") == pytest.approx(FACTOR * 0.5)
+    for _ in range(64):
+        hedger.record("fast", 0.001)
+    assert hedger.delay("fast") == MIN_DELAY_S
+    assert hedger.delay("other") is None  # kinds are apart
+
+
+def test_a_healthy_network_sends_once_in_the_calling_thread() -> None:
+    hedger = warmed(lossy=False)
+    threads = []
+
+    def send() -> Reply:
+        threads.append(threading.get_ident())
+        return reply()
+
+    assert hedger.run("k", send, abort=pytest.fail, read_timeout=10.0).status == 200
+    assert threads == [threading.get_ident()] and hedger.sent == 0
+
+
+def test_no_hedge_when_it_could_not_leave_before_the_read_timeout() -> None:
+    hedger = warmed(latency=1.0)  # delay 3 s
+    first = Blocked()
+    first.release.set()
+    assert hedger.run("k", first.send, abort=first.abort, read_timeout=3.0).content == b"first"
+    assert hedger.sent == 0
+
+
+def test_a_hedge_that_answers_first_wins_and_cuts_the_first_copy() -> None:
+    hedger = warmed()
+    first = Blocked()
+    calls = []
+
+    def send() -> Reply:
+        calls.append(threading.get_ident())
+        if len(calls) == 1:
+            return first.send()
+        return reply(200, b"hedge")
+
+    got = hedger.run("k", send, abort=first.abort, read_timeout=HANG)
+    assert got.content == b"hedge"
+    assert len(calls) == 2 and calls[0] == threading.get_ident() != calls[1]
+    assert first.aborted_thread == threading.get_ident()  # the caller's socket, nobody else's
+    assert (hedger.sent, hedger.won) == (1, 1)
+
+
+def test_a_first_copy_that_answers_first_cuts_the_hedge_and_frees_its_thread() -> None:
+    hedger = warmed()
+    hedge = Blocked()
+    hedge_out = threading.Event()
+    calls = []
+
+    def send() -> Reply:
+        calls.append(threading.get_ident())
+        if len(calls) == 1:
+            assert hedge_out.wait(HANG)  # answer only once the copy is out
+            return reply(200, b"first")
+        hedge_out.set()
+        return hedge.send()  # blocks until its socket is cut
+
+    got = hedger.run("k", send, abort=hedge.abort, read_timeout=HANG)
+    assert got.content == b"first"
+    assert hedge.aborted.wait(HANG) and hedge.aborted_thread == calls[1] != calls[0]
+    assert (hedger.sent, hedger.won) == (1, 0)
+
+
+@pytest.mark.parametrize("hedge_outcome", ["raises", "503"])
+def test_a_failed_hedge_leaves_the_first_copy_alone(hedge_outcome: str) -> None:
+    hedger = warmed()
+    first = Blocked()
+    hedge_done = threading.Event()
+    calls = []
+
+    def send() -> Reply:
+        calls.append(1)
+        if len(calls) == 1:
+            return first.send()
+        try:
+            if hedge_outcome == "raises":
+                raise APIConnectionError("reset")
+            return reply(503)
+        finally:
+            hedge_done.set()
+            first.release.set()  # the first copy answers after the hedge failed
+
+    got = hedger.run("k", send, abort=first.abort, read_timeout=HANG)
+    assert got.content == b"first" and hedge_done.is_set()
+    assert not first.aborted.is_set() and (hedger.sent, hedger.won) == (1, 0)
+
+
+def test_when_both_copies_fail_the_first_copys_error_is_raised() -> None:
+    hedger = warmed()
+    started = threading.Event()
+    calls = []
+
+    def send() -> Reply:
+        calls.append(1)
+        if len(calls) == 1:
+            assert started.wait(HANG)  # fail only once the hedge is out
+            raise APIConnectionError("first")
+        started.set()
+        raise APIConnectionError("hedge")
+
+    with pytest.raises(APIConnectionError, match="first"):
+        hedger.run("k", send, abort=pytest.fail, read_timeout=HANG)

@@ -1,0 +1,333 @@
+"""The shared limiter: registry, deadline and dispatch gates
+(docs/design/behavior.md#limiter-registry, docs/design/behavior.md#dispatch-gates,
+docs/design/behavior.md#shared-backoff)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tinker_sync._config import normalize_base_url
+from tinker_sync._flow.limiter import (
+    BACKED_OFF_BYTE_PENALTY,
+    Limiter,
+    Ticket,
+    limiter_for,
+    reset_limiters,
+)
+from tinker_sync._runtime.clock import FakeClock, SystemClock
+
+HANG = 60.0
+MiB = 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _fresh_registry():
+    reset_limiters()
+    yield
+    reset_limiters()
+
+
+def test_100_threads_get_or_create_one_key_and_get_the_same_object():
+    """Pins docs/design/behavior.md#limiter-registry."""
+    clock = SystemClock()
+    barrier = threading.Barrier(100)
+    got: list[Limiter] = [None] * 100  # type: ignore[list-item]
+
+    def worker(i: int) -> None:
+        barrier.wait(HANG)
+        got[i] = limiter_for(normalize_base_url("https://EXAMPLE.com:443/"), "k", clock)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HANG)
+    assert len({id(x) for x in got}) == 1
+    assert limiter_for(normalize_base_url("https://example.com"), "k", clock) is got[0]
+    assert limiter_for(normalize_base_url("https://example.com"), "other", clock) is not got[0]
+    assert limiter_for(normalize_base_url("http://example.com"), "k", clock) is not got[0]
+
+
+def test_deadline_only_moves_forward():
+    """A 5 s deadline survives a later, shorter backoff (docs/design/behavior.md#shared-backoff)."""
+    clock = FakeClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.set_backoff(5.0, "429")
+    clock.advance(1.0)
+    limiter.set_backoff(1.0, "429")  # would end at 2.0: ignored
+    assert limiter.backoff_until == 5.0
+    assert limiter.recently_backed_off()
+    clock.advance(14.0)
+    assert not limiter.recently_backed_off()
+
+
+class Tickets:
+    """Makes tickets that record when they start or stop (started ones hold their gates)."""
+
+    def __init__(self, limiter: Limiter) -> None:
+        self.limiter = limiter
+        self.lock = threading.Lock()
+        self.started: list[str] = []
+        self.started_at: list[float] = []
+        self.stopped: list[tuple[str, BaseException]] = []
+        self.stop_all: BaseException | None = None
+        self.tickets: dict[str, Ticket] = {}
+
+    def submit(self, name: str, owner: str = "a", estimate: int = 100) -> Ticket:
+        def start() -> None:
+            with self.lock:
+                self.started.append(name)
+                self.started_at.append(self.limiter.clock.monotonic())
+
+        def on_stop(exc: BaseException) -> None:
+            with self.lock:
+                self.stopped.append((name, exc))
+
+        ticket = Ticket(
+            owner=owner,
+            estimate=estimate,
+            start=start,
+            on_stop=on_stop,
+            stop_reason=lambda: self.stop_all,
+        )
+        self.tickets[name] = ticket
+        self.limiter.enqueue(ticket)
+        return ticket
+
+    def done(self, name: str) -> None:
+        self.limiter.release(self.tickets[name])
+        self.limiter.sender_done(self.tickets[name])
+
+
+def until(predicate: Callable[[], bool]) -> None:
+    """Wait for a state (not a duration); fail after the hang guard."""
+    deadline = time.monotonic() + HANG
+    pause = threading.Event()
+    while not predicate():
+        assert time.monotonic() < deadline, "state not reached within the hang guard"
+        pause.wait(0.002)
+
+
+def sdk_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("tinker_sync-")}
+
+
+class SteppedClock(FakeClock):
+    """Virtual time moves only when the test advances it; a timed wait lasts 10 real ms."""
+
+    def wait(self, cond: Any, timeout: float | None) -> bool:
+        if timeout is None:
+            return super().wait(cond, None)
+        return bool(cond.wait(0.01))
+
+
+def test_200_tickets_parked_on_the_deadline_hold_no_thread_and_start_after_it():
+    """The backoff wait is a timer, not blocked workers; nothing starts before the deadline."""
+    clock = SteppedClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.send_width = 1_000  # the backed-off gate of 10 binds, not the senders
+    limiter.set_backoff(5.0, "429")
+    made = Tickets(limiter)
+    before = threading.active_count()
+    for i in range(200):
+        made.submit(f"t{i}")
+    # Recently backed off: only the gate of 10 is admitted; all 10 wait as held tickets.
+    snap = limiter.snapshot()
+    assert (snap["held"], snap["waiting"], snap["backed_off_count"]) == (10, 190, 0)
+    assert not made.started
+    assert threading.active_count() <= before + 1  # at most the executor's one timer thread
+    clock.advance(4.9)
+    made.submit("late")  # a pump before the deadline starts nothing either
+    assert not made.started
+    clock.advance(0.1)  # the deadline: the timer starts the held tickets
+    released = 0
+    while released < 201:  # each release admits and starts the next ticket
+        until(lambda: len(made.started) > released)
+        current = list(made.started)
+        for name in current[released:]:
+            made.done(name)
+        released = len(current)
+    assert min(made.started_at) >= 5.0
+    assert made.started == [*(f"t{i}" for i in range(200)), "late"]  # one owner: FIFO
+    snap = limiter.snapshot()
+    assert (snap["count"], snap["backed_off_count"], snap["held"], snap["waiting"]) == (
+        400,
+        10,
+        0,
+        0,
+    )
+
+
+def test_owners_are_admitted_round_robin_behind_a_10000_ticket_backlog():
+    """Fairness: another owner's first ticket is admitted within one slot of a free gate."""
+    clock = FakeClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.send_width = 1_000  # let the count gate of 400 bind, not the senders
+    made = Tickets(limiter)
+    for i in range(10_000):
+        made.submit(f"a{i}", owner="A")
+    assert len(made.started) == 400 and limiter.snapshot()["waiting"] == 9_600
+    made.submit("b0", owner="B")
+    made.submit("b1", owner="B")
+    made.done("a0")  # one slot frees: B's first ticket takes it, not A's 401st
+    assert made.started[-1] == "b0"
+    made.done("a1")
+    assert made.started[-1] == "a400"  # then turns alternate
+    made.done("a2")
+    assert made.started[-1] == "b1"
+    made.done("a3")
+    assert made.started[-1] == "a401"
+
+
+def test_gates_are_taken_only_when_a_sender_is_free():
+    """A newcomer is never queued behind tickets admitted early that only wait for a thread."""
+    clock = FakeClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.send_width = 3
+    made = Tickets(limiter)
+    for i in range(100):
+        made.submit(f"a{i}", owner="A")
+    assert made.started == ["a0", "a1", "a2"]
+    assert limiter.snapshot()["count"] == 397  # the other gates were not taken
+    made.submit("b0", owner="B")
+    made.done("a1")
+    assert made.started[-1] == "b0"  # the very next free sender
+
+
+def test_byte_gate_admits_while_non_negative_and_penalises_after_backoff():
+    """A second 6 MiB prompt is admitted (budget >= 0), a third waits; a lone 30 MiB passes."""
+    clock = FakeClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.configure(
+        sample_dispatch_bytes=10 * MiB,
+        fwdbwd_dispatch_bytes=50_000_000,
+        inflight_response_bytes=50 * MiB,
+    )
+    made = Tickets(limiter)
+    made.submit("first", estimate=6 * MiB)
+    assert limiter.snapshot()["sample_bytes"] == 4 * MiB
+    made.submit("second", estimate=6 * MiB)  # admitted: the budget was >= 0
+    assert limiter.snapshot()["sample_bytes"] == -2 * MiB
+    made.submit("third", estimate=1)
+    assert made.started == ["first", "second"]  # budget < 0: waits
+    made.done("first")
+    assert made.started == ["first", "second", "third"]
+    made.done("second")
+    made.done("third")
+    assert limiter.snapshot()["sample_bytes"] == 10 * MiB
+    made.submit("huge", estimate=30 * MiB)  # a lone huge prompt cannot deadlock
+    assert made.started[-1] == "huge"
+    made.done("huge")
+    limiter.set_backoff(1.0, "429")
+    made.submit("penalised", estimate=MiB)
+    snap = limiter.snapshot()
+    assert snap["sample_bytes"] == 10 * MiB - BACKED_OFF_BYTE_PENALTY * MiB
+    assert snap["backed_off_count"] == 9
+    until(lambda: made.started[-1] == "penalised")
+    made.done("penalised")
+    assert limiter.snapshot()["backed_off_count"] == 10
+    made.done("penalised")  # releasing twice changes nothing
+    assert limiter.snapshot()["count"] == 400
+
+
+def test_cancelled_waiter_sends_nothing_and_restores_permits():
+    """A ticket stopped during the backoff never starts and leaves the gates as they were."""
+    clock = SystemClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.set_backoff(30.0, "429")
+    made = Tickets(limiter)
+    made.submit("held")
+    held = limiter.snapshot()
+    assert (held["count"], held["backed_off_count"], held["held"]) == (399, 9, 1)
+    made.stop_all = RuntimeError("cancelled")
+    limiter.wake(everything=False)
+    assert not made.started and [n for n, _ in made.stopped] == ["held"]
+    after = limiter.snapshot()
+    assert (after["count"], after["backed_off_count"], after["held"]) == (400, 10, 0)
+    assert after["sample_bytes"] == limiter._budgets()[0].size
+
+
+def test_same_tenant_spelled_differently_shares_one_limiter():
+    """``https://EXAMPLE.com:443/`` and ``https://example.com`` are one tenant
+    (docs/design/behavior.md#limiter-registry)."""
+    import tinker_sync
+
+    clock = FakeClock()
+    spelled = [
+        tinker_sync.ServiceClient(base_url=url, api_key=key)
+        for url, key in (
+            ("https://EXAMPLE.com:443/", "tml-one"),
+            ("https://example.com", "tml-one"),
+            ("HTTPS://example.COM/", "tml-one"),
+            ("https://example.com", "tml-two"),
+            ("https://example.org", "tml-one"),
+        )
+    ]
+    limiters = [
+        limiter_for(c._config.normalized_base_url, c._config.credentials.identity, clock)
+        for c in spelled
+    ]
+    assert limiters[0] is limiters[1] is limiters[2]
+    assert limiters[3] is not limiters[0] and limiters[4] is not limiters[0]
+    assert "tml-one" not in repr(limiters[0].key)  # the identity is a hash
+    limiters[0].set_backoff(0.75, "429")
+    assert limiters[1].backoff_until == 0.75 and limiters[3].backoff_until == float("-inf")
+
+
+def test_stopping_a_gate_waiter_leaves_the_gates_intact():
+    """A ticket queued behind a full count gate stops on close and takes nothing."""
+    clock = SystemClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.send_width = 1_000
+    made = Tickets(limiter)
+    for i in range(400):
+        made.submit(f"full{i}", estimate=1)
+    assert limiter.snapshot()["count"] == 0
+    waiting = Tickets(limiter)
+    waiting.submit("blocked", owner="other", estimate=1)
+    assert limiter.snapshot()["waiting"] == 1 and not waiting.started
+    waiting.stop_all = RuntimeError("closed")
+    limiter.wake()
+    assert [n for n, _ in waiting.stopped] == ["blocked"] and not waiting.started
+    assert limiter.snapshot()["count"] == 0
+    for i in range(400):
+        made.done(f"full{i}")
+    snap = limiter.snapshot()
+    assert snap["count"] == 400 and snap["sample_bytes"] == limiter._budgets()[0].size
+    assert snap["waiting"] == 0
+
+
+def test_response_and_fwdbwd_budgets_admit_while_non_negative():
+    """One oversized reservation is admitted; the next waits for a release
+    (docs/design/behavior.md#poll-answer-order, docs/design/behavior.md#fwdbwd-byte-gate)."""
+    clock = FakeClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.configure(
+        sample_dispatch_bytes=10 * MiB,
+        fwdbwd_dispatch_bytes=50_000_000,
+        inflight_response_bytes=50 * MiB,
+    )
+    limiter.reserve_response_bytes(80 * MiB, lambda: None)  # admitted: budget was >= 0
+    assert limiter.snapshot()["response_bytes"] == -30 * MiB
+    admitted = threading.Event()
+
+    def second() -> None:
+        limiter.reserve_response_bytes(MiB, lambda: None)
+        admitted.set()
+
+    t = threading.Thread(target=second)
+    t.start()
+    assert not admitted.wait(0.2)
+    limiter.release_response_bytes(80 * MiB)
+    assert admitted.wait(HANG)
+    t.join(HANG)
+    limiter.release_response_bytes(MiB)
+    assert limiter.snapshot()["response_bytes"] == 50 * MiB
+    with limiter.fwdbwd_bytes(60_000_000):
+        assert limiter.snapshot()["fwdbwd_bytes"] == -10_000_000
+    assert limiter.snapshot()["fwdbwd_bytes"] == 50_000_000

@@ -1,0 +1,277 @@
+"""Daemon pools, bounded lanes and the delay timer (docs/design/behavior.md#thread-inventory,
+docs/design/behavior.md#fast-interpreter-exit)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tinker_sync._runtime import executor
+from tinker_sync._runtime.clock import FakeClock, SystemClock
+from tinker_sync._runtime.executor import (
+    BoundedLane,
+    DaemonPool,
+    call_later,
+    configure_threads,
+    pool,
+)
+
+HANG = 60.0
+
+
+@pytest.fixture
+def fresh_sizes() -> Iterator[None]:
+    saved = dict(executor._sizes)
+    yield
+    executor._sizes.clear()
+    executor._sizes.update(saved)
+
+
+def test_pool_grows_lazily_to_its_cap_and_queues_fifo():
+    """Workers start on demand up to max_workers; overflow runs in FIFO order
+    (docs/design/behavior.md#thread-inventory)."""
+    p = DaemonPool("test-fifo", 3)
+    assert p.threads == 0
+    gate = threading.Event()
+    started = threading.Barrier(4)
+    order: list[int] = []
+    done = threading.Event()
+
+    def blocker() -> None:
+        started.wait(HANG)
+        gate.wait(HANG)
+
+    def record(i: int) -> None:
+        order.append(i)
+        if i == 9:
+            done.set()
+
+    for _ in range(3):
+        p.submit(blocker)
+    started.wait(HANG)  # all three workers are busy
+    for i in range(10):
+        p.submit(record, i)
+    assert p.threads == 3 and p.peak_threads == 3
+    names = {t.name for t in threading.enumerate() if t.name.startswith("tinker_sync-test-fifo-")}
+    assert len(names) == 3
+    assert all(t.daemon for t in threading.enumerate() if t.name in names)
+    gate.set()
+    assert done.wait(HANG)
+    assert sorted(order) == list(range(10))
+    serial = DaemonPool("test-serial", 1)
+    serial_order: list[int] = []
+    last = threading.Event()
+    for i in range(50):
+        serial.submit(serial_order.append, i)
+    serial.submit(last.set)
+    assert last.wait(HANG)
+    assert serial_order == list(range(50))  # overflow runs in FIFO order
+
+
+def test_a_failing_job_does_not_kill_its_worker(caplog):
+    p = DaemonPool("test-errors", 1)
+    p.retire_idle(False)  # an earlier test may have closed the process's last client
+    ran = threading.Event()
+    workers: list[threading.Thread] = []
+
+    def boom() -> None:
+        workers.append(threading.current_thread())
+        raise RuntimeError("job error")
+
+    def after() -> None:
+        workers.append(threading.current_thread())
+        ran.set()
+
+    p.submit(boom)
+    p.submit(after)
+    assert ran.wait(HANG)
+    assert workers[0] is workers[1]  # the same worker ran the job after the failing one
+    assert p.threads == 1
+    assert "unhandled error in test-errors job" in caplog.text
+
+
+def test_bounded_lane_runs_at_most_limit_jobs_at_once():
+    """A burst of 200 fetches uses at most ``limit`` threads of the shared pool
+    (docs/design/behavior.md#session-futures-poller, docs/design/behavior.md#thread-inventory)."""
+    lane = BoundedLane("test-lane", 4)
+    lock = threading.Lock()
+    running = 0
+    peak = 0
+    finished = threading.Semaphore(0)
+    release = threading.Event()
+    four_running = threading.Barrier(5)
+
+    def job(i: int) -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        if i < 4:
+            four_running.wait(HANG)  # the first four run together...
+        release.wait(HANG)  # ...and hold their threads until released
+        with lock:
+            running -= 1
+        finished.release()
+
+    for i in range(200):
+        lane.submit(job, i)
+    four_running.wait(HANG)
+    assert lane.active == 4 and pool("test-lane").threads == 4
+    release.set()
+    for _ in range(200):
+        assert finished.acquire(timeout=HANG)
+    assert peak == 4
+    assert pool("test-lane").peak_threads == 4
+    until_zero = time.monotonic() + HANG
+    while lane.active and time.monotonic() < until_zero:
+        threading.Event().wait(0.001)
+    assert lane.active == 0
+
+
+def test_a_lane_that_empties_and_refills_never_grows_its_pool_past_its_limit():
+    """Drains that find the queue empty free their worker before their slot: a drain started
+    by the next submission takes that worker, so the pool's threads stay within the lane's
+    limit however submissions and drain exits interleave (16 submitting threads)."""
+    role = "test-lane-refill"
+    lane = BoundedLane(role, 3)
+    done = threading.Semaphore(0)
+    start = threading.Barrier(16)
+
+    def submitter() -> None:
+        start.wait(HANG)
+        for _ in range(300):
+            lane.submit(done.release)  # tiny jobs: drains empty and restart all the time
+
+    threads = [threading.Thread(target=submitter) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HANG)
+    for _ in range(16 * 300):
+        assert done.acquire(timeout=HANG)
+    assert pool(role).peak_threads <= 3
+
+
+def test_a_fair_lane_taking_turns_reuses_its_worker():
+    """A fair lane's drain queues itself again after each job; the worker that ran the job
+    takes it, so a one-slot lane runs 50 jobs on one thread (no thread per turn)."""
+    role = "test-lane-fair-turns"
+    lane = BoundedLane(role, 1, fair=True)
+    done = threading.Semaphore(0)
+    for _ in range(50):
+        lane.submit(done.release)
+    for _ in range(50):
+        assert done.acquire(timeout=HANG)
+    assert pool(role).peak_threads == 1
+
+
+def test_call_later_on_a_fake_clock_runs_in_due_order_without_sleeping():
+    """Delayed jobs fall due on the injected clock (a fake clock passes time at once)."""
+    clock = FakeClock()
+    ran: list[tuple[str, float]] = []
+    done = threading.Semaphore(0)
+
+    def job(name: str) -> None:
+        ran.append((name, clock.monotonic()))
+        done.release()
+
+    started = time.monotonic()
+    call_later(clock, 30.0, "test-timer", job, "late")
+    call_later(clock, 5.0, "test-timer", job, "early")
+    call_later(clock, 0.0, "test-timer", job, "now")
+    for _ in range(3):
+        assert done.acquire(timeout=HANG)
+    assert time.monotonic() - started < 10.0  # virtual waits, not real ones
+    assert {name for name, _ in ran} == {"late", "early", "now"}
+    due = dict(ran)
+    assert due["late"] >= 30.0 and due["early"] >= 5.0
+    timer_waits = [t for t, name in clock.waits if name.startswith("tinker_sync-timer-")]
+    assert timer_waits and all(w is not None and w > 0 for w in timer_waits)
+
+
+def test_call_later_on_the_system_clock():
+    clock = SystemClock()
+    fired = threading.Event()
+    started = time.monotonic()
+    call_later(clock, 0.05, "test-timer", fired.set)
+    assert fired.wait(HANG)
+    assert time.monotonic() - started >= 0.05
+
+
+def test_configure_threads_validates_and_applies_to_new_pools(fresh_sizes):
+    with pytest.raises(ValueError, match="unknown thread role"):
+        configure_threads(nope=3)
+    with pytest.raises(ValueError):
+        configure_threads(sample_submit=0)
+    with pytest.raises(ValueError):
+        DaemonPool("bad", 0)
+    with pytest.raises(ValueError):
+        BoundedLane("bad", 0)
+    configure_threads(sample_submit=7, **{"train-poll": 5})
+    assert executor._sizes["sample-submit"] == 7 and executor._sizes["train-poll"] == 5
+
+
+def test_inventory_defaults_are_documented():
+    """The documented sizes (the sample-submit pool is deliberately small: sends never wait)."""
+    assert executor.DEFAULT_SIZES["sample-submit"] == 8
+    assert executor.DEFAULT_SIZES["sample-poll"] == 400
+    assert executor.DEFAULT_SIZES["train-poll"] == 64
+    assert executor.DEFAULT_SIZES["rest"] == 16
+    doc = executor.__doc__ or ""
+    for role in executor.DEFAULT_SIZES:
+        assert f"``{role}``" in doc
+
+
+def test_the_pending_sample_budget_holds_even_while_hedging():
+    """1,000 pending samples through the session poller: 8 senders + 10 payload fetchers +
+    poller + heartbeat + two timers + the hedge pool (lossy networks only) fit in 24 threads."""
+    from tinker_sync._polling.poller import FETCH_LANE_LIMIT
+
+    sizes = executor.DEFAULT_SIZES
+    fixed = 4  # futures poller, heartbeat, the session's timer, the executor's timer
+    assert sizes["sample-submit"] + FETCH_LANE_LIMIT + sizes["hedge"] + fixed <= 24
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_gets_fresh_pools_even_if_a_pool_lock_was_held():
+    """Pools (and their locks) are rebuilt in a child (docs/design/behavior.md#fork-detection)."""
+    p = pool("test-fork")
+    p.submit(lambda: None)
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with executor._pools_lock, p._lock:
+            held.set()
+            release.wait(HANG)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(HANG)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            ok = threading.Event()
+            fresh = pool("test-fork")
+            fresh.submit(ok.set)
+            call_later(SystemClock(), 0.0, "test-fork", lambda: None)
+            os.write(write_fd, b"ok" if ok.wait(20) and fresh is not p else b"no")
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    release.set()
+    holder.join(HANG)
+    import select
+
+    ready, _, _ = select.select([read_fd], [], [], HANG)
+    answer = os.read(read_fd, 10) if ready else b"hung"
+    os.close(read_fd)
+    if answer == b"hung":
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert answer == b"ok"

@@ -1,0 +1,324 @@
+"""Visible, bounded waits: the "cannot reach the server" warning, stall deadlines, pending().
+
+Usage (inside the SDK)::
+
+    health = Health("https://host", clock)       # one per Session
+    Transport(..., hooks=(*user_hooks, health.observe))   # sees every attempt's outcome
+    health.reached                               # the server has answered (any status) before
+    progress = health.track("req-1", "ForwardBackward")   # poll loops record what they see
+    progress.attempts += 1; health.forget("req-1")
+    health.watch(poller)                         # tracked() adds poller.progress() (a weak ref)
+    watch = StallWatch(clock, 600.0, "forward_backward")  # one per pending call or poll loop
+    watch.useful()                               # an answer that is not a failure
+    err = watch.unhealthy(exc)                   # a StalledError once 600 s passed, else None
+
+The warning goes through ``logging`` (logger ``tinker_sync.health``) at the first failed connect
+of a streak (or at the second failure in a row when replies are lost on open connections:
+resets, read timeouts, 502/503/504), naming the base URL (user info and secrets scrubbed) and
+what is pending; then at most once a minute while the streak lasts, and never more than once a
+minute across streaks (a flapping network recovers and fails many times a minute); an INFO line
+says when the server answers again (only after a warning).
+
+A *stall* is a call with no useful answer for ``stall_timeout`` seconds: every attempt since the
+last useful answer was a connection error, a timeout or a 5xx. :class:`StallWatch` turns that
+into a :class:`~tinker_sync.exceptions.StalledError` naming the last status or error and the
+server's last words.
+
+Thread safety: :class:`Health` is lock-guarded; a :class:`StallWatch` belongs to one loop.
+Fork safety: plain state; a forked child's session starts afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tinker_sync._runtime.clock import Clock
+from tinker_sync._runtime.fork import make_lock
+from tinker_sync._runtime.redact import scrub
+from tinker_sync.exceptions import (
+    APIStatusError,
+    RequestOutcome,
+    StalledError,
+    TinkerError,
+    server_words,
+)
+
+__all__ = [
+    "WARN_EVERY_S",
+    "Health",
+    "PendingFuture",
+    "Progress",
+    "StallWatch",
+    "describe_failure",
+    "is_unhealthy_status",
+]
+
+log = logging.getLogger("tinker_sync.health")
+
+#: While a server stays unreachable, the warning repeats at most this often.
+WARN_EVERY_S = 60.0
+_GATEWAY_STATUSES = frozenset({502, 503, 504})
+_CONNECT_ERRORS = frozenset({"APIConnectError", "APIConnectTimeoutError"})
+
+
+def is_unhealthy_status(status: int | None) -> bool:
+    """A status that is no useful answer: none at all (transport error) or any 5xx."""
+    return status is None or status >= 500
+
+
+def describe_failure(exc: BaseException) -> str:
+    """``HTTP 500: <server's words>`` or ``APIConnectError: <reason>``: bounded, scrubbed."""
+    if isinstance(exc, APIStatusError):
+        words = server_words(exc.response.content) if exc.response is not None else ""
+        return f"HTTP {exc.status_code}" + (f": {words}" if words else "")
+    text = exc.message if isinstance(exc, TinkerError) else str(exc)
+    text = " ".join(scrub(text).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@dataclass
+class Progress:
+    """What one pending request's loop last saw (updated by its loop, read by pending())."""
+
+    kind: str
+    request_id: str
+    started: float = field(default_factory=time.monotonic)
+    attempts: int = 0
+    last_status: str | None = None
+    queue_state: str | None = None
+
+
+class ProgressSource(Protocol):
+    """Something that tracks pending requests of its own (the session futures poller)."""
+
+    def progress(self) -> list[Progress]: ...
+
+
+@dataclass(frozen=True)
+class PendingFuture:
+    """One entry of :meth:`ServiceClient.pending`: a call that has not finished yet.
+
+    ``kind`` (``"ForwardBackward"``, ``"Sample"``, ``"CreateModel"``, ...), ``request_id``
+    (None until the server accepted it), ``age`` (seconds since it started), ``attempts``
+    (polls or sends so far), ``last_status`` (``"HTTP 503"``, ``"APIConnectError"``,
+    ``"try_again"``, ...), ``queue_state`` (e.g. ``"paused_rate_limit"``; None if never told).
+    """
+
+    kind: str
+    request_id: str | None
+    age: float
+    attempts: int
+    last_status: str | None
+    queue_state: str | None
+
+
+class StallWatch:
+    """The stall deadline of one pending call: ``limit`` seconds without a useful answer."""
+
+    def __init__(
+        self, clock: Clock, limit: float, what: str, *, since: float | None = None
+    ) -> None:
+        self.clock = clock
+        self.limit = float(limit)
+        self.what = what
+        #: When the current run of failures began (None: the last answer was useful).
+        self.since = since
+        self._all_not_sent = True  # every failure of this run never reached the server
+
+    def useful(self) -> None:
+        """The server gave a useful answer: the deadline starts again at the next failure."""
+        self.since = None
+        self._all_not_sent = True
+
+    def unhealthy(
+        self, exc: BaseException, *, request_id: str | None = None
+    ) -> StalledError | None:
+        """Record a failed attempt; a :class:`StalledError` (cause ``exc``) once stalled."""
+        now = self.clock.monotonic()
+        if self.since is None:
+            self.since = now
+        if getattr(exc, "outcome", None) is not RequestOutcome.NOT_SENT:
+            self._all_not_sent = False
+        stalled_for = now - self.since
+        if stalled_for < self.limit:
+            return None
+        status = exc.status_code if isinstance(exc, APIStatusError) else None
+        rid = f" (request_id={request_id})" if request_id else ""
+        err = StalledError(
+            f"{self.what}{rid}: no useful answer from the server for {stalled_for:.0f} s "
+            f"(stall_timeout={self.limit:g} s); last: {describe_failure(exc)}",
+            status_code=status,
+            request_id=request_id,
+            stalled_for=stalled_for,
+        )
+        if self._all_not_sent:  # nothing of this call ever reached the server
+            err.outcome = RequestOutcome.NOT_SENT
+        err.__cause__ = exc
+        return err
+
+
+class Health:
+    """Reachability of one server as seen by one session; see the module docs."""
+
+    def __init__(self, url: str, clock: Clock) -> None:
+        self.url = scrub(url)
+        self.clock = clock
+        self.reached = False
+        self._lock = make_lock()
+        self._failing_since: float | None = None
+        self._warned = False
+        self._last_warned = -math.inf
+        self._failures = 0
+        self._last_failure: float | None = None
+        self._progress: dict[str, Progress] = {}
+        self._sources: weakref.WeakSet[ProgressSource] = weakref.WeakSet()
+        #: Summary of what is pending, for the warning (set by the owning client).
+        self.describe_pending: Callable[[], str] = self._describe_tracked
+
+    # ---------------------------------------------------------------- per-attempt outcomes
+
+    def observe(self, event: Any) -> None:
+        """Transport hook: every attempt's ``request`` event (status, or error class name)."""
+        if getattr(event, "kind", None) != "request":
+            return
+        data = event.data
+        status = data.get("status")
+        error = data.get("error")
+        if status is not None:
+            self.reached = True
+        if error is not None or status in _GATEWAY_STATUSES:
+            what = error if error is not None else f"HTTP {status}"
+            self.failed(what, data.get("path"), connect=what in _CONNECT_ERRORS)
+        else:
+            self.ok()
+
+    def failed(self, what: str, path: str | None = None, *, connect: bool = True) -> None:
+        """One failed attempt. A failed connect warns at once; a reply lost on an open
+        connection (reset, read timeout, 502-504: common on lossy networks) only when the
+        next attempt fails too."""
+        now = self.clock.monotonic()
+        with self._lock:
+            self._last_failure = now
+            self._failures += 1
+            if self._failing_since is None:
+                self._failing_since = now
+            if not self._warned:
+                if not connect and self._failures < 2:
+                    return
+                if now - self._last_warned < WARN_EVERY_S:
+                    # A flapping network starts a new streak after every recovery; it still
+                    # warns at most once a minute (the streak warns once the minute is up).
+                    return
+                first = True
+                self._warned = True
+            elif now - self._last_warned < WARN_EVERY_S:
+                return
+            else:
+                first = False
+            self._last_warned = now
+            since = self._failing_since
+            failures = self._failures
+        assert since is not None
+        where = f" ({path})" if path else ""
+        if first:
+            log.warning(
+                "cannot reach the Tinker server at %s: %s%s. Pending: %s",
+                self.url,
+                what,
+                where,
+                self._safe_pending(),
+            )
+        else:
+            log.warning(
+                "the Tinker server at %s has been unreachable for %.0f s (%d failed attempts, "
+                "last: %s%s). Pending: %s",
+                self.url,
+                now - since,
+                failures,
+                what,
+                where,
+                self._safe_pending(),
+            )
+
+    def ok(self) -> None:
+        if self._failing_since is None:  # fast path: nothing to report
+            return
+        now = self.clock.monotonic()
+        with self._lock:
+            since, self._failing_since = self._failing_since, None
+            failures, self._failures = self._failures, 0
+            warned, self._warned = self._warned, False
+        if since is not None and warned:
+            log.info(
+                "the Tinker server at %s answers again after %.0f s (%d failed attempts)",
+                self.url,
+                now - since,
+                failures,
+            )
+
+    def recently_failed(self, window_s: float) -> bool:
+        """Whether an attempt failed in the last ``window_s`` seconds (a lossy network)."""
+        last = self._last_failure
+        return last is not None and self.clock.monotonic() - last < window_s
+
+    @property
+    def failing_since(self) -> float | None:
+        return self._failing_since
+
+    def _safe_pending(self) -> str:
+        try:
+            return self.describe_pending() or "nothing"
+        except Exception:  # a log line must never fail the request
+            log.debug("could not describe pending work", exc_info=True)
+            return "unknown"
+
+    # ---------------------------------------------------------------- pending requests
+
+    def track(self, request_id: str, kind: str) -> Progress:
+        """The progress record of ``request_id`` (made on first use)."""
+        with self._lock:
+            progress = self._progress.get(request_id)
+            if progress is None:
+                progress = self._progress[request_id] = Progress(kind, request_id)
+            return progress
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._progress.pop(request_id, None)
+
+    def progress(self, request_id: str) -> Progress | None:
+        with self._lock:
+            return self._progress.get(request_id)
+
+    def watch(self, source: ProgressSource) -> None:
+        """Add ``source.progress()`` to :meth:`tracked` for as long as ``source`` lives."""
+        with self._lock:
+            self._sources.add(source)
+
+    def tracked(self) -> list[Progress]:
+        with self._lock:
+            tracked = list(self._progress.values())
+            sources = list(self._sources)
+        for source in sources:  # outside the lock: a source takes its own
+            tracked += source.progress()
+        return tracked
+
+    def _describe_tracked(self) -> str:
+        return summarize([p.kind for p in self.tracked()])
+
+
+def summarize(kinds: list[str]) -> str:
+    """``"2 ForwardBackward, 1 Sample"`` (most frequent first), or ``""``."""
+    counts: dict[str, int] = {}
+    for kind in kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return ", ".join(f"{n} {kind}" for kind, n in ordered)

@@ -1,0 +1,554 @@
+"""The shared sampling limiter and dispatcher: one per (normalized base_url, credential identity).
+
+Usage::
+
+    limiter = limiter_for(base_url, credential_identity, clock)
+    ticket = Ticket(owner=sampler, estimate=prompt_bytes, start=send_step,
+                    on_stop=fail, stop_reason=why_stop)
+    limiter.enqueue(ticket)          # returns at once; start() runs when the ticket may send
+    # in send_step, on a worker thread:
+    if limiter.backoff_remaining() > 0: limiter.hold(ticket)   # parked again, gates kept
+    ...POST...; on 429: limiter.set_backoff(d, "429"); limiter.hold(ticket)
+    limiter.release(ticket)          # accepted or failed: the gates go to the next ticket
+    limiter.sender_done(ticket)      # the send step returned: the next ticket may start
+
+**Scope (a deliberate difference from the official SDK).** The official SDK keeps one backoff
+per ServiceClient. Here every client in the process that talks to the same normalized base URL
+with the same credential shares one deadline and one set of dispatch gates, so one caller's
+429 slows every caller of that tenant, and a second ServiceClient cannot dodge it. The
+deadline is also shared with the user's other processes through a memory-mapped file
+(:mod:`tinker_sync._flow.sharedbackoff`); the gates stay per process.
+
+**Nothing waits on a thread.** A ticket waiting for a gate sits in its owner's queue; one
+holding its gates while the deadline is ahead sits in the held list, and one timer (the
+executor's, per clock) pumps the limiter when the deadline falls due. Admitted tickets are
+sent through this tenant's fair lane on the ``sample-submit`` pool, so tenants take turns
+on the pool and one tenant's backlog never delays another's dispatch.
+
+Invariants the tests check (docs/limiter.md): get-or-create never splits a key; the deadline
+only moves forward (a later success never shortens it); owners (sampling clients) are admitted
+round-robin, each in FIFO order; the gates are count(400) -> count(10, only while recently
+backed off) -> bytes, taken together when a ticket is admitted and returned once, when the
+server accepts the request or the ticket stops; no ticket starts before the deadline.
+
+Thread safety: all methods are thread-safe; callbacks run outside the lock. Fork safety: the
+registry is emptied in a forked child (limiters hold locks that may have been held at fork
+time).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from tinker_sync._flow import sharedbackoff
+from tinker_sync._runtime.clock import Clock
+from tinker_sync._runtime.executor import BoundedLane, call_later, pool
+from tinker_sync._runtime.fork import make_condition, make_lock, register_after_fork
+
+log = logging.getLogger("tinker_sync.ratelimit")
+
+DISPATCH_COUNT = 400
+BACKED_OFF_COUNT = 10
+RECENT_BACKOFF_S = 10.0
+BACKED_OFF_BYTE_PENALTY = 20
+DEFAULT_SAMPLE_DISPATCH_BYTES = 10 * 1024 * 1024
+DEFAULT_FWDBWD_DISPATCH_BYTES = 50_000_000
+DEFAULT_INFLIGHT_RESPONSE_BYTES = 50 * 1024 * 1024
+LARGE_PROMPT_BYTES = 128 * 1024
+
+
+class Stopped(Exception):
+    """Raised out of a limiter wait when the caller's ``should_stop`` returns an exception."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+#: Returns None to keep waiting, or the exception to stop with (cancelled, closed...).
+ShouldStop = Callable[[], BaseException | None]
+
+
+class ByteBudget:
+    """A byte budget that admits a request while the remaining budget is >= 0.
+
+    The request is then subtracted, so one request may overshoot and a huge request cannot
+    deadlock.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.remaining = size
+
+
+class Ticket:
+    """One sampling dispatch: queued for the gates, then held or sending (see module docs).
+
+    ``owner`` (any hashable; one per sampling client) is the unit of round-robin fairness.
+    ``start()`` runs (outside the lock, in whichever thread pumped) once the ticket holds its
+    gates and the deadline has passed; ``on_stop(exc)`` runs instead when ``stop_reason()``
+    says so while the ticket waits in the limiter. Not thread-safe by itself: the limiter's
+    lock guards the fields.
+    """
+
+    __slots__ = (
+        "backed_off",
+        "cost",
+        "estimate",
+        "on_stop",
+        "owner",
+        "sending",
+        "start",
+        "stop_reason",
+    )
+
+    def __init__(
+        self,
+        *,
+        owner: Hashable,
+        estimate: int,
+        start: Callable[[], object],
+        on_stop: Callable[[BaseException], object],
+        stop_reason: ShouldStop,
+    ) -> None:
+        self.owner = owner
+        self.estimate = estimate
+        self.start = start
+        self.on_stop = on_stop
+        self.stop_reason = stop_reason
+        self.cost: int | None = None  # bytes charged; None while the gates are not held
+        self.backed_off = False  # holds a permit of the backed-off count gate
+        self.sending = 0  # starts whose send step has not returned yet (sender_done)
+
+
+class Limiter:
+    """Shared backoff deadline, dispatch gates and fair queues for one (base_url, credential).
+
+    Thread-safe; obtain it with :func:`limiter_for`, never construct it directly (tests may,
+    to play two processes sharing one deadline file).
+    """
+
+    def __init__(
+        self,
+        key: tuple[str, str],
+        clock: Clock,
+        shared: sharedbackoff.SharedDeadline | None = None,
+        *,
+        share: bool = False,
+    ) -> None:
+        self.key = key
+        self.clock = clock
+        self.shared = shared
+        #: Open the tenant's shared deadline file on first use (and again after close_shared),
+        #: in the directory (and with the switch) read when the limiter was made.
+        self._share = share and sharedbackoff.enabled()
+        self._share_dir = sharedbackoff.runtime_dir() if self._share else None
+        # Fork-safe: a child may still reach a parent's limiter through an inherited object.
+        self._lock = make_lock()
+        self._gates_changed = make_condition(self._lock)
+        self.backoff_until = float("-inf")  # never backed off
+        self._count = DISPATCH_COUNT
+        self._backed_off_count = BACKED_OFF_COUNT
+        self._sample_bytes: ByteBudget | None = None
+        self._fwdbwd_bytes: ByteBudget | None = None
+        self._response_bytes: ByteBudget | None = None
+        #: owner -> its tickets waiting for the gates; the dict order is the round-robin ring.
+        self._queues: collections.OrderedDict[Hashable, collections.deque[Ticket]] = (
+            collections.OrderedDict()
+        )
+        self._waiting = 0
+        self._last_served: Hashable = None
+        self._held: collections.deque[Ticket] = collections.deque()
+        self._timer_due: float | None = None
+        self._sender: BoundedLane | None = None
+        #: Tickets started or held at once (None: the ``sample-submit`` pool's width). Gates
+        #: are taken only when a sender is free, so a newcomer is never queued behind tickets
+        #: that were admitted early and are merely waiting for a thread.
+        self.send_width: int | None = None
+        self._active = 0
+        self._users = 0  # started sessions using this limiter
+        self._bad_shared_logged = False
+
+    # ---------------------------------------------------------------- sizing
+
+    def configure(
+        self,
+        *,
+        sample_dispatch_bytes: int,
+        fwdbwd_dispatch_bytes: int,
+        inflight_response_bytes: int,
+    ) -> None:
+        """Size the byte budgets from the first server config seen; later calls are ignored."""
+        with self._lock:
+            if self._sample_bytes is None:
+                self._sample_bytes = ByteBudget(sample_dispatch_bytes)
+                self._fwdbwd_bytes = ByteBudget(fwdbwd_dispatch_bytes)
+                self._response_bytes = ByteBudget(inflight_response_bytes)
+
+    def _budgets(self) -> tuple[ByteBudget, ByteBudget, ByteBudget]:
+        if self._sample_bytes is None:
+            self.configure(
+                sample_dispatch_bytes=DEFAULT_SAMPLE_DISPATCH_BYTES,
+                fwdbwd_dispatch_bytes=DEFAULT_FWDBWD_DISPATCH_BYTES,
+                inflight_response_bytes=DEFAULT_INFLIGHT_RESPONSE_BYTES,
+            )
+        assert self._sample_bytes and self._fwdbwd_bytes and self._response_bytes
+        return self._sample_bytes, self._fwdbwd_bytes, self._response_bytes
+
+    @property
+    def sender(self) -> BoundedLane:
+        """This tenant's fair lane on the ``sample-submit`` pool (as wide as the pool)."""
+        lane = self._sender
+        if lane is None:
+            with self._lock:
+                lane = self._sender
+                if lane is None:
+                    width = pool("sample-submit").max_workers
+                    lane = self._sender = BoundedLane("sample-submit", width, fair=True)
+        return lane
+
+    # ---------------------------------------------------------------- deadline
+
+    def set_backoff(
+        self, seconds: float, cause: str, hooks: tuple[Callable[[Any], object], ...] = ()
+    ) -> float:
+        """Move the shared deadline to ``now + seconds`` unless it is already later.
+
+        The deadline is also published to the user's other processes. ``hooks`` (the calling
+        client's) receive a ``backoff_set`` event when it moved.
+        """
+        now = self.clock.monotonic()
+        with self._lock:
+            until = now + seconds
+            moved = until > self.backoff_until
+            if moved:
+                self.backoff_until = until
+            result = self.backoff_until
+        shared = self._shared_file() if moved else None
+        if shared is not None:
+            try:
+                shared.publish(self.clock.time() + (until - now))
+            except (OSError, ValueError) as exc:  # e.g. the file vanished: per process now
+                log.debug("could not publish the sampling backoff: %s", exc)
+        if moved:
+            log.info("sampling backoff for %.3f s (%s)", seconds, cause)
+            from tinker_sync._transport import emit_hook
+
+            emit_hook(
+                hooks,
+                "backoff_set",
+                limiter_key=self.key[1][:12],
+                until=result,
+                seconds=seconds,
+                cause=cause,
+            )
+        return result
+
+    def _merge_shared_locked(self, now: float, *, reopen: bool = True) -> None:
+        """Adopt a later deadline published by another process (lock held).
+
+        ``reopen=False`` (a pump after a gate change) never reopens a file closed with the
+        process's last client: only a new dispatch, a send or a 429 does.
+        """
+        shared = self._shared_file() if reopen else self.shared
+        if shared is None:
+            return
+        wall = shared.read()
+        if wall is None:
+            return
+        remaining = wall - self.clock.time()
+        if remaining <= 0:
+            return  # stale: already over
+        if remaining > sharedbackoff.MAX_SHARED_WAIT_S:
+            if not self._bad_shared_logged:
+                self._bad_shared_logged = True
+                log.debug("ignoring an implausible shared backoff deadline in %s", shared.path)
+            return
+        until = now + remaining
+        if until > self.backoff_until + 1e-3:  # our own publication reads back equal
+            self.backoff_until = until
+
+    def _shared_file(self) -> sharedbackoff.SharedDeadline | None:
+        shared = self.shared
+        if shared is None and self._share:
+            self._share = False  # one attempt per opening; a failure is logged once
+            shared = self.shared = sharedbackoff.open_shared_deadline(
+                *self.key, directory=self._share_dir
+            )
+        return shared
+
+    def add_user(self) -> None:
+        """A session started using this limiter."""
+        with self._lock:
+            self._users += 1
+
+    def remove_user(self) -> None:
+        """A session using this limiter closed; the last one closes the shared file."""
+        with self._lock:
+            self._users = max(0, self._users - 1)
+            last = self._users == 0
+        if last:
+            self.close_shared()
+
+    def close_shared(self) -> None:
+        """Close the shared deadline file (it is opened again on next use)."""
+        with self._lock:
+            shared, self.shared = self.shared, None
+            if shared is not None:
+                self._share = True
+        if shared is not None:
+            shared.close()
+
+    def backoff_remaining(self) -> float:
+        """Seconds until the deadline (this process's or another's), 0 when passed."""
+        now = self.clock.monotonic()
+        with self._lock:
+            self._merge_shared_locked(now)
+            return max(0.0, self.backoff_until - now)
+
+    def recently_backed_off(self) -> bool:
+        return self.clock.monotonic() < self.backoff_until + RECENT_BACKOFF_S
+
+    # ---------------------------------------------------------------- dispatch
+
+    def enqueue(self, ticket: Ticket) -> None:
+        """Queue a ticket behind its owner's earlier ones; it starts when admitted."""
+        with self._lock:
+            self._shared_file()  # a new dispatch: (re)open the shared deadline
+            queue = self._queues.get(ticket.owner)
+            if queue is None:
+                queue = self._queues[ticket.owner] = collections.deque()
+                front = next(iter(self._queues))
+                if front == self._last_served and front != ticket.owner:
+                    # The owner served last is only at the front because it was alone: the
+                    # newcomer takes the next turn.
+                    self._queues.move_to_end(front)
+            queue.append(ticket)
+            self._waiting += 1
+        self.pump()
+
+    def hold(self, ticket: Ticket) -> None:
+        """Park a ticket that keeps its gates (after a 429, or to wait for the deadline)."""
+        with self._lock:
+            self._held.append(ticket)
+        self.pump()
+
+    def release(self, ticket: Ticket) -> None:
+        """Return a ticket's gates (idempotent) and admit the next tickets.
+
+        The ticket keeps its sender slot until :meth:`sender_done` (its send step returned).
+        """
+        sample_bytes, _, _ = self._budgets()
+        with self._lock:
+            if ticket.cost is None:
+                return
+            sample_bytes.remaining += ticket.cost
+            ticket.cost = None
+            self._count += 1
+            if ticket.backed_off:
+                ticket.backed_off = False
+                self._backed_off_count += 1
+        self.pump()
+
+    def sender_done(self, ticket: Ticket) -> None:
+        """The ticket's send step has returned: its sender may take the next ticket."""
+        with self._lock:
+            if ticket.sending <= 0:
+                return
+            ticket.sending -= 1
+            self._active -= 1
+        self.pump()
+
+    def pump(self) -> None:
+        """Admit queued tickets round-robin, start held ones once the deadline has passed."""
+        starts: list[Ticket] = []
+        stops: list[tuple[Ticket, BaseException]] = []
+        sample_bytes, _, _ = self._budgets()
+        with self._lock:
+            now = self.clock.monotonic()
+            self._merge_shared_locked(now, reopen=False)
+            self._admit_locked(now, sample_bytes, stops)
+            if self._held:
+                if now >= self.backoff_until:
+                    starts.extend(self._held)
+                    self._held.clear()
+                    self._active += len(starts)
+                    for ticket in starts:
+                        ticket.sending += 1
+                else:
+                    self._schedule_locked(now)
+        for ticket, exc in stops:
+            ticket.on_stop(exc)
+        for ticket in starts:
+            ticket.start()
+
+    def _admit_locked(
+        self, now: float, sample_bytes: ByteBudget, stops: list[tuple[Ticket, BaseException]]
+    ) -> None:
+        queues = self._queues
+        if self.send_width is None:
+            self.send_width = pool("sample-submit").max_workers
+        while queues:
+            owner, queue = next(iter(queues.items()))
+            ticket = queue[0]
+            stop = ticket.stop_reason()
+            if stop is None:
+                recent = now < self.backoff_until + RECENT_BACKOFF_S
+                if (
+                    self._active + len(self._held) >= self.send_width
+                    or self._count <= 0
+                    or (recent and self._backed_off_count <= 0)
+                    or sample_bytes.remaining < 0
+                ):
+                    return  # every gate is ticket-independent: nobody else would pass either
+                self._count -= 1
+                cost = ticket.estimate
+                if recent:
+                    self._backed_off_count -= 1
+                    ticket.backed_off = True
+                    cost *= BACKED_OFF_BYTE_PENALTY
+                sample_bytes.remaining -= cost
+                ticket.cost = cost
+                self._held.append(ticket)
+            else:
+                stops.append((ticket, stop))
+            queue.popleft()
+            self._waiting -= 1
+            self._last_served = owner
+            if queue:
+                queues.move_to_end(owner)  # round-robin: this owner's next ticket waits a turn
+            else:
+                del queues[owner]
+
+    def _schedule_locked(self, now: float) -> None:
+        due = self.backoff_until
+        if self._timer_due is not None and self._timer_due <= due:
+            return
+        self._timer_due = due
+        call_later(self.clock, due - now, "sample-submit", self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        with self._lock:
+            self._timer_due = None
+        self.pump()
+
+    def wake(self, *, everything: bool = True) -> None:
+        """Stop tickets whose ``stop_reason`` is set (after a cancel or close), wake waiters.
+
+        Held tickets and the head of each queue are always checked; ``everything`` also
+        checks every queued ticket (close), which a single cancel does not need.
+        """
+        stops: list[tuple[Ticket, BaseException]] = []
+        with self._lock:
+            self._gates_changed.notify_all()
+            kept: collections.deque[Ticket] = collections.deque()
+            for ticket in self._held:
+                stop = ticket.stop_reason()
+                if stop is None:
+                    kept.append(ticket)
+                else:
+                    stops.append((ticket, stop))
+            self._held = kept
+            if everything:
+                for owner in list(self._queues):
+                    queue = self._queues[owner]
+                    left: collections.deque[Ticket] = collections.deque()
+                    for ticket in queue:
+                        stop = ticket.stop_reason()
+                        if stop is None:
+                            left.append(ticket)
+                        else:
+                            stops.append((ticket, stop))
+                    self._waiting -= len(queue) - len(left)
+                    if left:
+                        self._queues[owner] = left
+                    else:
+                        del self._queues[owner]
+        for ticket, exc in stops:
+            self.release(ticket)
+            ticket.on_stop(exc)
+        self.pump()
+
+    # ---------------------------------------------------------------- other gates
+
+    @contextmanager
+    def fwdbwd_bytes(self, estimated_bytes: int) -> Iterator[None]:
+        """Hold forward/backward dispatch bytes for one chunk's send."""
+        _, budget, _ = self._budgets()
+        with self._lock:
+            self._wait_gate(lambda: budget.remaining >= 0, lambda: None)
+            budget.remaining -= estimated_bytes
+        try:
+            yield
+        finally:
+            with self._lock:
+                budget.remaining += estimated_bytes
+                self._gates_changed.notify_all()
+
+    def reserve_response_bytes(self, nbytes: int, should_stop: ShouldStop) -> None:
+        """Reserve in-flight response bytes for a metadata-only result."""
+        _, _, budget = self._budgets()
+        with self._lock:
+            self._wait_gate(lambda: budget.remaining >= 0, should_stop)
+            budget.remaining -= nbytes
+
+    def release_response_bytes(self, nbytes: int) -> None:
+        _, _, budget = self._budgets()
+        with self._lock:
+            budget.remaining += nbytes
+            self._gates_changed.notify_all()
+
+    def _wait_gate(self, admitted: Callable[[], bool], should_stop: ShouldStop) -> None:
+        # Called with self._lock held.
+        while True:
+            stop = should_stop()
+            if stop is not None:
+                raise Stopped(stop)
+            if admitted():
+                return
+            self.clock.wait(self._gates_changed, None)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Gate levels and queue lengths, for tests and debugging."""
+        sample_bytes, fwdbwd, response = self._budgets()
+        with self._lock:
+            return {
+                "count": self._count,
+                "backed_off_count": self._backed_off_count,
+                "sample_bytes": sample_bytes.remaining,
+                "fwdbwd_bytes": fwdbwd.remaining,
+                "response_bytes": response.remaining,
+                "backoff_until": self.backoff_until,
+                "waiting": self._waiting,
+                "held": len(self._held),
+            }
+
+
+_registry: dict[tuple[str, str], Limiter] = {}
+_registry_lock = threading.Lock()
+
+
+def limiter_for(normalized_base_url: str, credential_identity: str, clock: Clock) -> Limiter:
+    """Get or create the limiter of a key; never replaces an entry."""
+    key = (normalized_base_url, credential_identity)
+    with _registry_lock:
+        limiter = _registry.get(key)
+        if limiter is None:
+            limiter = Limiter(key, clock, share=True)
+            _registry[key] = limiter
+        return limiter
+
+
+def reset_limiters() -> None:
+    """Forget every limiter (tests, and in a forked child)."""
+    global _registry_lock
+    _registry.clear()
+    _registry_lock = threading.Lock()
+
+
+register_after_fork(reset_limiters)

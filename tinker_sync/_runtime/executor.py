@@ -1,0 +1,440 @@
+"""Process-wide pools of daemon worker threads by role, bounded lanes and a delay timer.
+
+Usage::
+
+    from tinker_sync._runtime.executor import pool, BoundedLane, call_later
+
+    pool("sample-poll").submit(fetch_result, future)       # FIFO, grows lazily
+    lane = BoundedLane("sample-poll", limit=16)             # <= 16 of these jobs at once
+    lane.submit(fetch_payload, request_id)
+    call_later(clock, 2.5, "sample-submit", retry, job)    # no thread sleeps meanwhile
+
+Why not ``ThreadPoolExecutor``: not interpreter exit -- the SDK's exit hook
+(:func:`tinker_sync._runtime.clock.register_exit_callback`) already shuts in-flight long polls down
+before ``concurrent.futures`` joins its workers. The reasons are two things it does not do. Its
+idle workers never exit, while these leave after 30 s idle, or at once when the process's last
+client closes (:func:`retire_idle_threads`), so a burst of samples leaves no parked threads
+behind. And its jobs are futures owned by the pool, while these are plain callables that the
+thread waiting in ``result()`` can claim and run itself (:class:`Claimable`), so a sequential
+``sample().result()`` makes no thread hand-off and no step pays for a second future. The workers
+are daemon threads that grow lazily up to ``max_workers`` and never delay exit; overflow queues
+FIFO; a job must never wait on a job of its own pool (docs/design/behavior.md#thread-inventory).
+
+**Thread inventory (docs/design/behavior.md#thread-inventory).** Threads are named
+``tinker_sync-<role>-<n>``. Process-wide pools:
+
+=================  =====  ==============================================================
+role               size   what runs there
+=================  =====  ==============================================================
+``sample-submit``  8      sampling sends: each tenant's fair lane (:class:`BoundedLane`)
+                          runs one ``asample`` at a time per worker; a sample waiting for
+                          a gate or the backoff deadline is parked in its limiter and holds
+                          no thread. Timer jobs (retries, backoff ends) land here too.
+``sample-poll``    400    per-future long polls of samples (poller off); with the session
+                          futures poller on, only payload fetches, at most 10 per poller
+                          (:class:`BoundedLane`), so pending samples hold no thread.
+``train-submit``   32     parallel forward/backward chunk sends.
+``train-poll``     64     training future polls.
+``rest``           16     RestClient calls and best-effort ``cancel_future`` batches.
+``async``          32     ``*_async`` bridges.
+``hedge``          2      second copies of slow requests (``_flow.hedge``), only while the
+                          network is lossy; more at once wait their turn (and are dropped
+                          once the first copy has answered). Two keep the budget below.
+``timer``          1/clk  delayed jobs (sampling retries), one per clock in use.
+=================  =====  ==============================================================
+
+Per session: heartbeat and timer threads; per sampler with ``sample_use_retrieve_futures``
+on, one ``tinker_sync-futures-poller`` thread (exits when idle); per TrainingClient one sender.
+So 1,000 pending samples through the session poller need at most 24 SDK threads (8 senders,
+10 fetchers, poller, heartbeat, two timers, and two hedges while the network is lossy), and
+2,000 without it at most 400 polling threads plus the senders. Idle workers exit after 30 s, or at once when the process's last client is
+closed (:func:`retire_idle_threads`). :func:`configure_threads` changes the sizes before first
+use.
+
+Thread safety: every function and method may be called from any thread. Fork safety: in a
+forked child the pools, lanes' counters and timers are forgotten (their threads did not survive)
+and rebuilt on first use.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from tinker_sync._runtime.clock import Clock, exiting
+from tinker_sync._runtime.fork import fork_generation, make_lock, register_after_fork
+
+log = logging.getLogger("tinker_sync.executor")
+
+#: Default sizes per role (docs/design/behavior.md#thread-inventory); change them with
+#: :func:`configure_threads`.
+DEFAULT_SIZES: dict[str, int] = {
+    "sample-submit": 8,
+    "sample-poll": 400,
+    "train-submit": 32,
+    "train-poll": 64,
+    "rest": 16,
+    "async": 32,
+    "hedge": 2,
+}
+_IDLE_EXIT_S = 30.0
+
+Job = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+class DaemonPool:
+    """A lazily growing pool of daemon threads running ``fn(*args)`` jobs in FIFO order.
+
+    Thread-safe; not fork-safe by itself (the registry replaces it in a forked child).
+    """
+
+    def __init__(self, role: str, max_workers: int) -> None:
+        if max_workers < 1:
+            raise ValueError(f"max_workers for {role!r} must be >= 1, got {max_workers}")
+        self.role = role
+        self.max_workers = max_workers
+        self._lock = threading.Lock()
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._wakeup = threading.Condition(self._lock)
+        self._threads = 0
+        self._idle = 0
+        self._running = 0
+        self._finishing = 0  # running workers whose job said it is about to return
+        self._tls = threading.local()
+        self._counter = 0
+        self._peak = 0
+        self._retiring = _retire_when_idle
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    @property
+    def peak_threads(self) -> int:
+        """Most worker threads alive at once since creation or :meth:`reset_peak`."""
+        return self._peak
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._peak = self._threads
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)``; start a worker if none is idle and the pool is not full."""
+        with self._lock:
+            self._jobs.append((fn, args))
+            # A worker that just finished a job (or whose job said it is about to return) is
+            # not idle yet but will take the next one: counting it avoids starting a thread the
+            # lane limits above would not need.
+            if self._threads - self._running + self._finishing >= len(self._jobs):
+                if self._idle:
+                    self._wakeup.notify()
+                return
+            if self._threads < self.max_workers:
+                self._threads += 1
+                self._counter += 1
+                self._peak = max(self._peak, self._threads)
+                name = f"tinker_sync-{self.role}-{self._counter}"
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+            else:
+                self._wakeup.notify()
+
+    def finishing(self) -> None:
+        """Called by a job on one of this pool's workers that is about to return: from now on
+        its worker counts as free, so a job submitted meanwhile waits for it instead of
+        starting a thread (a :class:`BoundedLane` frees its slot this way)."""
+        with self._lock:
+            if not getattr(self._tls, "finishing", False):
+                self._tls.finishing = True
+                self._finishing += 1
+
+    def retire_idle(self, retiring: bool = True) -> None:
+        """While ``retiring``, workers exit as soon as the queue is empty (not after 30 s)."""
+        with self._lock:
+            self._retiring = retiring
+            self._wakeup.notify_all()
+
+    def _work(self) -> None:
+        ran = False
+        while True:
+            with self._lock:
+                if ran:
+                    self._running -= 1
+                    if getattr(self._tls, "finishing", False):
+                        self._tls.finishing = False
+                        self._finishing -= 1
+                while not self._jobs:
+                    if self._retiring:
+                        self._threads -= 1
+                        return
+                    self._idle += 1
+                    woke = self._wakeup.wait(_IDLE_EXIT_S)
+                    self._idle -= 1
+                    if not woke and not self._jobs:
+                        self._threads -= 1
+                        return
+                fn, args = self._jobs.popleft()
+                self._running += 1
+                ran = True
+            try:
+                fn(*args)
+            except BaseException:  # jobs own their errors; this is a last resort
+                log.exception("unhandled error in %s job %r", self.role, fn)
+
+
+class Claimable:
+    """A pool job that the thread waiting for its outcome may run itself instead, once.
+
+    Usage::
+
+        step = Claimable(poll.run)
+        pool("sample-poll").submit(step.run)
+        future._offer(step)         # result() may call step.run() first (see APIFuture)
+
+    Whichever thread calls :meth:`run` first runs the function; later calls return False.
+    This is task inlining (as in .NET's ``Task.Wait``): a sequential ``sample().result()``
+    then makes no thread hand-off at all, and the woken worker finds nothing to do.
+    Thread-safe; fork: a step claimed in the parent stays claimed in the child.
+    """
+
+    __slots__ = ("_fn", "_taken")
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self._fn: Callable[[], object] | None = fn
+        self._taken = threading.Lock()
+
+    @property
+    def claimed(self) -> bool:
+        return self._taken.locked()
+
+    def run(self) -> bool:
+        """Run the function unless another thread claimed it first; True if this call ran it."""
+        if not self._taken.acquire(blocking=False):
+            return False
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
+        return True
+
+
+class BoundedLane:
+    """Runs jobs on a shared pool with at most ``limit`` of them running at once (FIFO).
+
+    Usage::
+
+        lane = BoundedLane("sample-poll", limit=16)
+        lane.submit(fetch, request_id)
+
+    Up to ``limit`` drain jobs run on ``pool(role)``; each takes queued jobs until the queue is
+    empty, so a burst of 2,000 completions uses 16 threads, not 400. A ``fair`` lane runs one
+    job per turn and then queues its drain again at the back of the pool: lanes sharing a pool
+    (one per sampling tenant) take turns, so a long backlog in one never delays another's
+    next job by more than one job per busy drain.
+    Thread-safe; in a forked child a lane starts empty (queued jobs belonged to the parent).
+    """
+
+    def __init__(self, role: str, limit: int, *, fair: bool = False) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        self.role = role
+        self.limit = limit
+        self.fair = fair
+        self._lock = make_lock()
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._active = 0
+        self._generation = fork_generation()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        with self._lock:
+            if self._generation != fork_generation():
+                self._jobs.clear()
+                self._active = 0
+                self._generation = fork_generation()
+            self._jobs.append((fn, args))
+            start = self._active < self.limit
+            if start:
+                self._active += 1
+        if start:
+            pool(self.role).submit(self._drain)
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    # This worker is about to be free: a drain the freed slot starts takes it,
+                    # rather than a new thread (the lane's limit also bounds the pool's threads).
+                    pool(self.role).finishing()
+                    self._active -= 1
+                    return
+                fn, args = self._jobs.popleft()
+            try:
+                fn(*args)
+            except BaseException:
+                log.exception("unhandled error in %s lane job %r", self.role, fn)
+            if self.fair:
+                with self._lock:
+                    if not self._jobs:
+                        self._active -= 1
+                        return
+                # One job per turn: the drain queues again behind every other lane's job on
+                # the pool, so lanes sharing a pool are served round-robin (by this worker).
+                shared = pool(self.role)
+                shared.finishing()
+                shared.submit(self._drain)
+                return
+
+
+class _Timer:
+    """One daemon thread per clock that submits delayed jobs to a pool when they fall due.
+
+    Due times are on the given clock (a FakeClock makes them pass at once, in order); an empty
+    timer parks on real time and its thread exits after 30 s idle. Thread-safe.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, str, Job]] = []
+        self._seq = itertools.count()
+        self._running = False
+        self._retiring = _retire_when_idle
+
+    def call_later(self, delay: float, role: str, fn: Callable[..., Any], *args: Any) -> None:
+        due = self.clock.monotonic() + max(0.0, delay)
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._seq), role, (fn, args)))
+            self._cond.notify()
+            if not self._running:
+                self._running = True
+                threading.Thread(
+                    target=self._run, name=f"tinker_sync-timer-{next(_timer_names)}", daemon=True
+                ).start()
+
+    def retire_idle(self, retiring: bool = True) -> None:
+        with self._cond:
+            self._retiring = retiring
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            ready: list[tuple[str, Job]] = []
+            with self._cond:
+                if not self._heap:
+                    if not self._retiring:
+                        self._cond.wait(_IDLE_EXIT_S)  # real time: an idle timer moves no clock
+                    if not self._heap:
+                        self._running = False
+                        return
+                    continue
+                now = self.clock.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    _, _, role, job = heapq.heappop(self._heap)
+                    ready.append((role, job))
+                if not ready:
+                    if exiting():
+                        self._running = False
+                        return
+                    self.clock.wait(self._cond, self._heap[0][0] - now)
+                    continue
+            for role, (fn, args) in ready:
+                pool(role).submit(fn, *args)
+
+
+_pools: dict[str, DaemonPool] = {}
+_sizes: dict[str, int] = dict(DEFAULT_SIZES)
+_pools_lock = threading.Lock()
+_timers: dict[int, _Timer] = {}
+_timer_names = itertools.count(1)
+_retire_when_idle = False
+
+
+def pool(role: str) -> DaemonPool:
+    """Return the process-wide pool for ``role``, creating it on first use."""
+    p = _pools.get(role)
+    if p is not None:
+        return p
+    with _pools_lock:
+        p = _pools.get(role)
+        if p is None:
+            p = DaemonPool(role, _sizes.get(role, 16))
+            _pools[role] = p
+        return p
+
+
+def call_later(clock: Clock, delay: float, role: str, fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(*args)`` on ``pool(role)`` once ``delay`` seconds have passed on ``clock``.
+
+    No thread is blocked meanwhile (one timer thread per clock holds every delayed job).
+    """
+    key = id(clock)
+    with _pools_lock:
+        timer = _timers.get(key)
+        if timer is None or timer.clock is not clock:
+            timer = _timers[key] = _Timer(clock)
+    timer.call_later(delay, role, fn, *args)
+
+
+def configure_threads(**sizes: int) -> None:
+    """Set pool sizes by role (``sample_submit=64`` or ``**{"sample-submit": 64}``).
+
+    Takes effect for pools created afterwards; call it before the first request.
+    """
+    with _pools_lock:
+        for key, value in sizes.items():
+            role = key.replace("_", "-")
+            if role not in DEFAULT_SIZES:
+                raise ValueError(f"unknown thread role {key!r}; known: {sorted(DEFAULT_SIZES)}")
+            if value < 1:
+                raise ValueError(f"{key} must be >= 1, got {value}")
+            _sizes[role] = value
+
+
+def retire_idle_threads(retiring: bool = True) -> None:
+    """While ``retiring`` (no client open in the process), pool workers and timers exit as
+    soon as they have nothing to do, instead of idling 30 s; jobs submitted meanwhile (e.g.
+    failing the last pending futures) still run. ``retiring=False`` (a client started again)
+    restores the 30 s idle time. Thread-safe.
+    """
+    global _retire_when_idle
+    with _pools_lock:
+        _retire_when_idle = retiring
+        pools, timers = list(_pools.values()), list(_timers.values())
+    for p in pools:
+        p.retire_idle(retiring)
+    for timer in timers:
+        timer.retire_idle(retiring)
+
+
+def thread_counts() -> dict[str, int]:
+    """Current worker threads per role (for tests and benchmarks)."""
+    return {role: p.threads for role, p in _pools.items()}
+
+
+def peak_thread_counts() -> dict[str, int]:
+    """Peak worker threads per role since creation or :func:`reset_peaks`."""
+    return {role: p.peak_threads for role, p in _pools.items()}
+
+
+def reset_peaks() -> None:
+    """Restart the peak counters at the current thread counts (benchmarks, tests)."""
+    for p in list(_pools.values()):
+        p.reset_peak()
+
+
+def _after_fork_in_child() -> None:
+    global _pools_lock, _retire_when_idle
+    _retire_when_idle = False
+    _pools.clear()
+    _timers.clear()
+    _pools_lock = threading.Lock()
+
+
+register_after_fork(_after_fork_in_child)
