@@ -15,8 +15,20 @@ import requests
 
 import tinker_sync
 from tinker_sync._futures import completed
-from tinker_sync.checkpoints import download, target_dir_name
-from tinker_sync.exceptions import APIConnectionError, NotFoundError
+from tinker_sync._runtime.clock import SystemClock
+from tinker_sync.checkpoints import (
+    DOWNLOAD_ATTEMPTS,
+    download,
+    download_checkpoint,
+    target_dir_name,
+)
+from tinker_sync.exceptions import (
+    APIConnectionError,
+    DownloadError,
+    DownloadVerificationError,
+    NotFoundError,
+    TinkerError,
+)
 from tinker_sync.local import LocalServer
 from tinker_sync.testing import VirtualSleepClock, reset_process_state
 from tinker_sync.types import ExternalWeightsUrlsResponse
@@ -31,6 +43,8 @@ class Seed:
         training = self.service.create_lora_training_client("tinker-sync/tiny", rank=4)
         self.run_id = training.model_id
         self.weights = training.save_state("s1").result(TIMEOUT).path
+        self.weights2 = training.save_state("s2").result(TIMEOUT).path
+        self.weights3 = training.save_state("s3").result(TIMEOUT).path
         self.sampler = training.save_weights_for_sampler("w1").result(TIMEOUT).path
         self.external = training.save_weights_external("e1").result(TIMEOUT).path
         self.rest = self.service.create_rest_client()
@@ -64,7 +78,8 @@ def read_dir(path: Path) -> dict[str, bytes]:
 
 
 def test_target_dir_name() -> None:
-    assert target_dir_name("tinker://r:train:0/weights/final") == "r:train:0_weights_final"
+    assert target_dir_name("tinker://r:train:0/weights/final") == "r-train-0_weights_final"
+    assert target_dir_name('tinker://a<b>|c/weights/x?y*"z. ') == "a-b--c_weights_x-y--z"
     assert target_dir_name("tinker://r/external_weights/x") == "r_external_weights_x"
     with pytest.raises(ValueError):
         target_dir_name("tinker://r/weights")
@@ -78,7 +93,8 @@ def test_external_download_with_progress(seed: Seed, server: LocalServer, tmp_pa
         service_client=seed.service,
         progress=lambda done, total: events.append((done, total)),
     )
-    assert target == (tmp_path / "models" / f"{seed.run_id}_external_weights_e1").absolute()
+    assert target == (tmp_path / "models" / target_dir_name(seed.external)).absolute()
+    assert ":" not in target.name
     assert read_dir(target) == seed.expected_files(seed.external)
     size = seed.size_of(seed.external)
     assert size and events[-1] == (size, size)
@@ -100,25 +116,44 @@ def test_existing_target_needs_force(seed: Seed, server: LocalServer, tmp_path: 
     assert read_dir(target) == seed.expected_files(seed.external)
 
 
-def test_training_checkpoint_is_exported_then_deleted(
+def runs_and_sessions(seed: Seed) -> tuple[int, list[str]]:
+    runs = seed.rest.list_training_runs(limit=1000).result(TIMEOUT)
+    sessions = seed.rest.list_sessions(limit=1000).result(TIMEOUT).sessions
+    return len(runs.training_runs), sorted(sessions)
+
+
+def test_training_checkpoint_comes_as_an_archive_without_a_run_or_session(
     seed: Seed, server: LocalServer, tmp_path: Path
 ) -> None:
+    runs_before = runs_and_sessions(seed)
     before = len(server.requests)
-    target = download(seed.weights, tmp_path, service_client=seed.service)
-    assert target.name == f"{seed.run_id}_weights_s1"
-    files = read_dir(target)
-    assert files and all(files.values())
+    result = download_checkpoint(seed.weights, tmp_path, service_client=seed.service)
+    assert (
+        result.path.name
+        == target_dir_name(seed.weights)
+        == f"{seed.run_id.replace(':', '-')}_weights_s1"
+    )
+    files = read_dir(result.path)
+    assert files and all(files.values()) and tuple(sorted(files)) == result.files
+    assert result.source == "archive" and result.verified_by == "repr-digest"
+    assert result.bytes_written == sum(len(b) for b in files.values())
+    assert result.bytes_transferred == result.size_bytes > result.bytes_written  # tar headers
+    assert result.attempts == 1 and result.resumed_bytes == 0
+    assert list(result.digests) == ["archive.tar"]
     entries = server.requests.all()[before:]
-    assert [e for e in entries if e.endpoint == "save_weights_external"]
-    deletes = [e for e in entries if e.method == "DELETE"]
-    assert len(deletes) == 1 and "/external_weights/download-" in deletes[0].path
-    everything = seed.rest.list_user_checkpoints(limit=1000).result(TIMEOUT).checkpoints
-    assert not [c for c in everything if "download-" in c.checkpoint_id]
-    # the caller's client stays open and usable
-    assert seed.rest.list_checkpoints(seed.run_id).result(TIMEOUT).checkpoints
+    # besides the REST client's start-up (client/config), one archive request and one GET
+    assert [
+        e.endpoint
+        for e in entries
+        if not e.path.startswith("/_files/") and not e.endpoint.startswith("client/")
+    ] == [f"training_runs/{seed.run_id}/checkpoints/weights/s1/archive"]
+    assert len(file_gets(server, before)) == 1
+    entries = server.requests.all()[before:]
+    assert runs_and_sessions(seed) == runs_before  # no training run, no session
+    assert [p.name for p in tmp_path.iterdir()] == [result.path.name]  # no staging left
 
 
-def test_without_a_client_uses_the_environment_and_finishes_its_session(
+def test_without_a_client_uses_the_environment_and_only_rest(
     seed: Seed, server: LocalServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name, value in server.env.items():
@@ -126,12 +161,195 @@ def test_without_a_client_uses_the_environment_and_finishes_its_session(
     before = len(server.requests)
     target = download(seed.weights, tmp_path)
     assert read_dir(target)
-    entries = server.requests.all()[before:]
-    assert len([e for e in entries if e.endpoint == "create_session"]) == 1
-    finishes = [e for e in entries if e.path.endswith("/finish")]
-    assert len(finishes) == 1 and finishes[0].json["reason"] == {"type": "success"}
     external = download(seed.external, tmp_path / "ext")
     assert read_dir(external) == seed.expected_files(seed.external)
+    entries = server.requests.all()[before:]
+    assert not [e for e in entries if e.endpoint in ("create_session", "create_model")]
+
+
+def test_server_without_archives_falls_back_to_an_export(
+    seed: Seed, server: LocalServer, tmp_path: Path
+) -> None:
+    server.faults.add("training_runs/*/checkpoints/**/archive 404 x1")
+    events: list[str] = []
+    before = len(server.requests)
+    result = download_checkpoint(
+        seed.weights, tmp_path, service_client=seed.service, on_event=events.append
+    )
+    assert result.source == "export" and read_dir(result.path)
+    assert any("exporting" in e for e in events)
+    entries = server.requests.all()[before:]
+    assert [e for e in entries if e.endpoint == "save_weights_external"]
+    deletes = [e for e in entries if e.method == "DELETE"]
+    assert len(deletes) == 1 and "/external_weights/download-" in deletes[0].path
+    everything = seed.rest.list_user_checkpoints(limit=1000).result(TIMEOUT).checkpoints
+    assert not [c for c in everything if "download-" in c.checkpoint_id]
+
+
+def test_missing_training_checkpoint_is_not_exported(seed: Seed, tmp_path: Path) -> None:
+    with pytest.raises(NotFoundError):
+        download(f"tinker://{seed.run_id}/weights/nope", tmp_path, service_client=seed.service)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- resume, verify, archive creation (docs/downloads.md) -------------------------------------
+
+
+def file_gets(server: LocalServer, before: int) -> list[Any]:
+    return [e for e in server.requests.all()[before:] if e.path.startswith("/_files/")]
+
+
+def test_cut_archive_resumes_with_range_and_if_range(
+    seed: Seed, server: LocalServer, tmp_path: Path
+) -> None:
+    clock = VirtualSleepClock()
+    server.faults.add("/_files/** cut_at=1000 x3")
+    before = len(server.requests)
+    events: list[str] = []
+    result = download_checkpoint(
+        seed.weights, tmp_path, service_client=seed.service, on_event=events.append, _clock=clock
+    )
+    gets = file_gets(server, before)
+    assert [g.status for g in gets] == [200, 206, 206, 206]
+    assert "range" not in gets[0].headers
+    etag = gets[0].headers.get("if-range")
+    assert etag is None
+    ranges = [g.headers.get("range") for g in gets[1:]]
+    assert ranges == ["bytes=1000-", "bytes=2000-", "bytes=3000-"]
+    assert len({g.headers["if-range"] for g in gets[1:]}) == 1
+    # every byte crossed the network once; nothing was fetched twice
+    assert result.bytes_transferred == result.size_bytes
+    assert result.resumed_bytes == 1000 + 2000 + 3000
+    assert result.attempts == 4 and result.verified_by == "repr-digest"
+    assert clock.delays("download-retry") == []  # a moving transfer resumes at once
+    assert sum("resumed at byte" in e for e in events) == 3
+    assert read_dir(result.path) == read_dir(
+        download(seed.weights, tmp_path / "clean", service_client=seed.service)
+    )
+
+
+def test_server_ignoring_ranges_is_detected_and_restarted(
+    seed: Seed, server: LocalServer, tmp_path: Path
+) -> None:
+    server.faults.add("/_files/** no_ranges=true x*")
+    server.faults.add("/_files/** cut_at=1000 x1")
+    before = len(server.requests)
+    events: list[str] = []
+    result = download_checkpoint(
+        seed.weights, tmp_path, service_client=seed.service, on_event=events.append
+    )
+    gets = file_gets(server, before)
+    assert [g.status for g in gets] == [200, 200]
+    assert gets[1].headers.get("range") == "bytes=1000-"
+    assert result.bytes_transferred == 1000 + result.size_bytes
+    assert result.resumed_bytes == 0 and result.attempts == 2
+    assert any("ignored the range" in e for e in events)
+    assert read_dir(result.path)
+
+
+def test_attempts_are_bounded(seed: Seed, server: LocalServer, tmp_path: Path) -> None:
+    server.faults.add("/_files/** cut_at=10 x*")
+    before = len(server.requests)
+    with pytest.raises(APIConnectionError):
+        download(seed.weights, tmp_path, service_client=seed.service)
+    assert len(file_gets(server, before)) == DOWNLOAD_ATTEMPTS
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_expired_url_is_signed_again_and_the_download_continues(
+    seed: Seed, server: LocalServer, tmp_path: Path
+) -> None:
+    server.faults.add("training_runs/*/checkpoints/**/archive url_ttl=1.0 x1")
+    server.faults.add("/_files/** cut_at=1000 x1")
+    server.faults.add("/_files/** delay=1.5 x1")  # the second GET arrives after the expiry
+    before = len(server.requests)
+    result = download_checkpoint(seed.weights, tmp_path, service_client=seed.service)
+    entries = server.requests.all()[before:]
+    kinds = [
+        ("archive", e.status) if e.endpoint.endswith("/archive") else ("file", e.status)
+        for e in entries
+    ]
+    assert kinds == [
+        ("archive", 302),
+        ("file", 200),
+        ("file", 403),
+        ("archive", 302),
+        ("file", 206),
+    ]
+    assert entries[-1].headers["range"] == "bytes=1000-"
+    assert result.resigns == 1 and result.bytes_transferred == result.size_bytes
+    assert read_dir(result.path)
+
+
+def test_digest_mismatch_is_a_typed_error_and_leaves_nothing(
+    seed: Seed, server: LocalServer, tmp_path: Path
+) -> None:
+    wrong = "sha-256=:" + "A" * 43 + "=:"
+    server.faults.add({"endpoint": "/_files/**", "times": None, "headers": {"repr-digest": wrong}})
+    with pytest.raises(DownloadVerificationError) as info:
+        download(seed.weights, tmp_path, service_client=seed.service)
+    assert info.value.check == "digest" and isinstance(info.value, TinkerError)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(DownloadVerificationError):
+        download(seed.external, tmp_path, service_client=seed.service)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_a_digest_length_and_tar_are_checked(
+    seed: Seed, server: LocalServer, tmp_path: Path
+) -> None:
+    server.faults.add({"endpoint": "/_files/**", "times": 1, "headers": {"repr-digest": ""}})
+    result = download_checkpoint(seed.weights, tmp_path, service_client=seed.service)
+    assert result.verified_by == "length" and read_dir(result.path)
+    server.faults.add("/_files/** 200 x1 body='this is not a tar archive'")
+    with pytest.raises(DownloadVerificationError) as info:
+        download(seed.weights, tmp_path / "bad", service_client=seed.service)
+    assert info.value.check == "tar"
+    assert not (tmp_path / "bad").exists() or list((tmp_path / "bad").iterdir()) == []
+
+
+class RecordingClock(SystemClock):
+    """The real clock, recording each sleep (the server's archive timer runs in real time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sleeps: list[tuple[float, str]] = []
+
+    def sleep(self, seconds: float, reason: str = "") -> None:
+        self.sleeps.append((seconds, reason))
+        super().sleep(seconds, reason)
+
+
+def test_archive_creation_is_polled_with_short_requests(
+    seed: Seed, server: LocalServer, tmp_path: Path
+) -> None:
+    server.faults.add("training_runs/*/checkpoints/**/archive generating=0.6 x1")
+    clock = RecordingClock()
+    events: list[str] = []
+    before = len(server.requests)
+    # a new checkpoint: the server has not created its archive yet
+    result = download_checkpoint(
+        seed.weights2, tmp_path, service_client=seed.service, on_event=events.append, _clock=clock
+    )
+    polls = [e for e in server.requests.all()[before:] if e.endpoint.endswith("/archive")]
+    assert [p.status for p in polls][0] == 503 and [p.status for p in polls][-1] == 302
+    assert all(p.duration_s < 0.5 for p in polls)  # no request held open
+    waits = [s for s, r in clock.sleeps if r == "archive-wait"]
+    assert waits and 0.5 <= waits[0] <= 0.6 and len(waits) == len(polls) - 1
+    assert result.archive_polls == len(waits)
+    assert any("creating the archive" in e for e in events)
+    assert read_dir(result.path)
+
+
+def test_archive_deadline_is_bounded(seed: Seed, server: LocalServer, tmp_path: Path) -> None:
+    server.faults.add("training_runs/*/checkpoints/**/archive generating=100 x1")
+    clock = VirtualSleepClock()
+    with pytest.raises(DownloadError, match="still being created"):
+        download(
+            seed.weights3, tmp_path, service_client=seed.service, archive_deadline=5.0, _clock=clock
+        )
+    assert clock.delays("archive-wait") == [2.0, 2.0]  # the server's Retry-After, then over 5 s
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_argument_errors(seed: Seed, tmp_path: Path) -> None:
@@ -217,7 +435,8 @@ def test_short_body_is_never_kept(
     clock = VirtualSleepClock()
     with pytest.raises(APIConnectionError):
         download(seed.external, tmp_path, service_client=seed.service, _clock=clock)
-    assert clock.delays("download-retry") == [0.5, 1.0, 2.0]  # 4 attempts, each from scratch
+    # no ETag: every attempt starts from scratch; only the first one brought new bytes
+    assert clock.delays("download-retry") == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0]
     assert list(tmp_path.iterdir()) == []
 
 

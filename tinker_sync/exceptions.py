@@ -30,6 +30,10 @@ what the server did through ``outcome`` (a :class:`RequestOutcome`)::
         `-- RequestFailedError                    accepted, then failed on the server
 
     TokenizerLoadError                            local: a tokenizer could not be loaded
+    DownloadError                                 a checkpoint download gave up (archive
+    |                                             not ready by the deadline)
+    `-- DownloadVerificationError                 the bytes fail the digest, length or tar
+                                                  check (nothing is left at the target)
 
 ``APIError`` is the base of the HTTP-level errors (status, connection, validation). Every
 exception here pickles and carries no secret: messages are scrubbed and ``request`` /
@@ -60,6 +64,8 @@ __all__ = [
     "BillingError",
     "ClientClosedError",
     "ConflictError",
+    "DownloadError",
+    "DownloadVerificationError",
     "ExperimentalWarning",
     "ForkedProcessError",
     "FutureExpiredError",
@@ -498,6 +504,22 @@ class TokenizerLoadError(TinkerError):
     """A tokenizer could not be resolved or loaded."""
 
     outcome = RequestOutcome.NOT_SENT
+
+
+class DownloadError(TinkerError):
+    """A checkpoint download gave up, e.g. the archive was still being created at the
+    deadline (docs/downloads.md). Nothing is left at the target."""
+
+    outcome = RequestOutcome.UNKNOWN
+
+
+class DownloadVerificationError(DownloadError):
+    """Downloaded bytes failed verification: ``check`` is ``"digest"`` (the server's
+    ``Repr-Digest``), ``"length"`` or ``"tar"``. Nothing is moved into place."""
+
+    def __init__(self, message: str, *, check: str = "digest") -> None:
+        super().__init__(message)
+        self.check = check
 
 
 # Names used by the behaviour spec and by older code.

@@ -207,7 +207,14 @@ class Transport:
         start = self.clock.monotonic()
         try:
             response, url = _exchange.exchange(
-                route, spec.method, target, url, spec.content, headers, timeout
+                route,
+                spec.method,
+                target,
+                url,
+                spec.content,
+                headers,
+                timeout,
+                follow_redirects=spec.follow_redirects,
             )
             content = response.content
         except Exception as exc:

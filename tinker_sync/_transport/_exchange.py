@@ -115,8 +115,11 @@ def exchange(
     body: bytes | None,
     headers: dict[str, str],
     timeout: Timeout,
+    follow_redirects: bool = True,
 ) -> tuple[_Response, str]:
     """One HTTP exchange, following redirects; returns the fully read response and its URL.
+
+    ``follow_redirects=False`` returns a 3xx reply unfollowed.
 
     The body is read (and decoded) before returning, which hands the connection back to its
     pool. Cross-origin redirects drop secret headers; 301/302/303 turn into a bodyless GET
@@ -132,6 +135,8 @@ def exchange(
             response = _via_manager(route, method, url, body, headers, timeout)
         else:
             response = _via_origin(route, method, target, body, headers, timeout)
+        if not follow_redirects:
+            return response, url
         return _follow(route, method, url, body, headers, timeout, response)
     finally:
         route.tracker.end()

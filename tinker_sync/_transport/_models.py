@@ -114,6 +114,8 @@ class RequestSpec:
       carries it into pool threads.
     * ``expect``: ``"proto"`` sends ``Accept: application/x-protobuf``; informative otherwise.
     * ``max_retries``: HTTP-level retry override (None = the client's ``max_retries``).
+    * ``follow_redirects``: False returns a 3xx reply as is (the checkpoint archive endpoint
+      answers 302 to a signed URL that the downloader fetches itself, docs/downloads.md).
 
     Thread safety: immutable (do not mutate ``json`` after construction). Fork safety: data.
     """
@@ -131,6 +133,7 @@ class RequestSpec:
     sdk_method: str | None = attrs.field(factory=_default_sdk_method)
     expect: Expect = "json"
     max_retries: int | None = None
+    follow_redirects: bool = True
 
     def __attrs_post_init__(self) -> None:
         if not self.path.startswith("/"):

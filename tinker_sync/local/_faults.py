@@ -12,8 +12,9 @@ Usage::
 
 A plan is an ordered list of rules. For each request the first matching rule with budget left
 applies: a rule with an *action* (``status``, ``drop``, ``queue_state``, ``fail``, ``expire``,
-``metadata_only``) answers instead of the real handler; a rule without one (only ``delay`` /
-``headers`` / ``retry_after*`` / ``should_retry``) applies its effect and evaluation continues.
+``metadata_only``, ``cut_at``) answers instead of the real handler; a rule without one (only
+``delay`` / ``headers`` / ``retry_after*`` / ``should_retry`` / the download modifiers
+``generating``, ``url_ttl``, ``no_ranges``) applies its effect and evaluation continues.
 
 Compact strings: ``"<endpoint>[@METHOD] [<action>] [x<N>|x*] [key=value ...]"`` where the action
 is an HTTP status, ``drop-before`` / ``drop-after``, ``paused_rate_limit`` / ``paused_capacity``
@@ -110,6 +111,10 @@ class Fault:
     message: str | None = None
     expire: bool = False
     metadata_only: bool = False
+    cut_at: int | None = None
+    generating: float | None = None
+    url_ttl: float | None = None
+    no_ranges: bool = False
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> ValueError:
@@ -168,6 +173,19 @@ class Fault:
             or not isinstance(self.retry_after, (int, float, str))
         ):
             raise bad(f"'retry_after' must be a number or a string, got {self.retry_after!r}")
+        if self.cut_at is not None and (
+            isinstance(self.cut_at, bool) or not isinstance(self.cut_at, int) or self.cut_at < 0
+        ):
+            raise bad(f"'cut_at' must be a non-negative int, got {self.cut_at!r}")
+        for key in ("generating", "url_ttl"):
+            value = getattr(self, key)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value >= 0
+                or math.isinf(value)
+            ):
+                raise bad(f"{key!r} must be a finite number >= 0, got {value!r}")
         actions = self._actions()
         if len(actions) > 1:
             raise bad(f"at most one action per rule, got {', '.join(actions)}")
@@ -199,6 +217,8 @@ class Fault:
             out.append("expire")
         if self.metadata_only:
             out.append("metadata")
+        if self.cut_at is not None:
+            out.append(f"cut@{self.cut_at}")
         return out
 
     @property
@@ -221,8 +241,20 @@ class Fault:
                 parts.append(f"delay={_fmt_seconds(self.delay)}")
             if self.headers or self._retry_headers_static():
                 parts.append("headers")
+            parts.extend(f"{k}={_fmt_seconds(v)}" for k, v in self.app_params().items())
+            if self.no_ranges:
+                parts.append("no_ranges")
             action = " ".join(parts) or "noop"
         return f"{head} {action}"
+
+    def app_params(self) -> dict[str, float]:
+        """The download modifiers with a value handed to the app in ``request.meta``."""
+        out: dict[str, float] = {}
+        if self.generating is not None:
+            out["generating"] = float(self.generating)
+        if self.url_ttl is not None:
+            out["url_ttl"] = float(self.url_ttl)
+        return out
 
     def _retry_headers_static(self) -> bool:
         return any(
@@ -644,6 +676,8 @@ class FaultDecision:
     headers: dict[str, str] = field(default_factory=dict)
     action: Fault | None = None
     names: list[str] = field(default_factory=list)
+    #: Download modifiers for the app (``generating``, ``url_ttl``, ``no_ranges``).
+    meta: dict[str, float] = field(default_factory=dict)
 
     @property
     def name(self) -> str | None:
@@ -781,6 +815,9 @@ class FaultPlan:
                 rule.hits += 1
                 decision.names.append(f.name)
                 decision.delay += f.delay
+                decision.meta.update(f.app_params())
+                if f.no_ranges:
+                    decision.meta["no_ranges"] = 1.0
                 if f.action is not None:
                     decision.action = f  # its headers are added when the reply is built
                     break

@@ -561,6 +561,9 @@ class HttpServer:
                 keep_alive = False
             assert response is not None
             await self._write(writer, response, keep_alive, version, method == "HEAD")
+            if response.cut_at is not None:
+                writer.close()  # a download cut mid-body (fault ``cut_at``): flush, then FIN
+                return
             if not keep_alive:
                 return
 
@@ -668,6 +671,8 @@ class HttpServer:
             return answer
         if decision.delay > 0:
             await asyncio.sleep(decision.delay)
+        for key, value in decision.meta.items():
+            request.meta[f"fault.{key}"] = value
         action = decision.action
         dropped: Literal["before", "after"] | None = None
         response: HttpResponse | None
@@ -683,6 +688,8 @@ class HttpServer:
             if action is not None and action.drop == "after":
                 response = None
                 dropped = "after"
+            elif action is not None and action.cut_at is not None:
+                response.cut_at = action.cut_at
         if response is not None:
             extra = dict(decision.headers)
             if action is not None:
@@ -801,6 +808,8 @@ class HttpServer:
             parts.append("connection: keep-alive\r\n")
         parts.append("\r\n")
         head = "".join(parts).encode("latin-1", "replace")
+        if response.cut_at is not None:
+            body = body[: response.cut_at]
         if head_only or not body:
             writer.write(head)
         elif len(body) < 65536:

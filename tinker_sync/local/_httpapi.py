@@ -59,6 +59,9 @@ class HttpResponse:
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    #: Set by a ``cut_at`` fault: send the head (full ``content-length``) and only this many
+    #: bytes of the body, then close the connection.
+    cut_at: int | None = None
 
     @classmethod
     def json(

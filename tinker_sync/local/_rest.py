@@ -15,12 +15,15 @@ Thread safety: handlers run on the app's event loop; blocking file work goes thr
 
 from __future__ import annotations
 
+import base64
 import email.utils
+import hashlib
 import io
 import tarfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -47,6 +50,58 @@ OWNER = "tml:user:local"
 FILES_PREFIX = "/_files/"
 URL_TTL_S = 3600.0
 _MAX_SQL_INT = 2**63 - 1
+#: ``Retry-After`` of an archive that is still being created when no end time is known.
+ARCHIVE_RETRY_S = 2.0
+
+
+@dataclass
+class _Archive:
+    """One checkpoint's archive: ready at ``ready_at`` (server time); built on first use."""
+
+    ready_at: float
+    blob: bytes | None = None
+
+
+def _validators(data: bytes) -> dict[str, str]:
+    """``etag`` (strong, from the content) and ``repr-digest`` (RFC 9530, sha-256)."""
+    digest = hashlib.sha256(data).digest()
+    return {
+        "etag": f'"{digest[:16].hex()}"',
+        "repr-digest": f"sha-256=:{base64.b64encode(digest).decode()}:",
+        "accept-ranges": "bytes",
+    }
+
+
+def _ranged(request: HttpRequest, data: bytes, content_type: str) -> HttpResponse:
+    """A GET of ``data`` honouring one ``Range: bytes=a-[b]`` and ``If-Range`` (docs/downloads.md).
+
+    The ETag and Repr-Digest describe the whole file on 200 and 206 alike. A fault rule with
+    ``no_ranges`` makes this answer 200 with everything, like a server without range support.
+    """
+    headers = {"content-type": content_type, **_validators(data)}
+    spec = request.headers.get("range", "")
+    if not spec or request.meta.get("fault.no_ranges"):
+        if request.meta.get("fault.no_ranges"):
+            headers.pop("accept-ranges")
+        return HttpResponse(200, headers, data)
+    if_range = request.headers.get("if-range")
+    if if_range is not None and if_range.strip() != headers["etag"]:
+        return HttpResponse(200, headers, data)  # changed since: the whole new representation
+    unit, _, ranges = spec.partition("=")
+    first, _, last = ranges.strip().partition("-")
+    try:
+        if unit.strip().lower() != "bytes" or "," in ranges or not first.strip():
+            raise ValueError(spec)
+        start = int(first)
+        end = int(last) if last.strip() else len(data) - 1
+    except ValueError:
+        return HttpResponse(200, headers, data)  # unsupported forms are ignored (RFC 9110)
+    if start >= len(data) or start < 0 or end < start:
+        headers["content-range"] = f"bytes */{len(data)}"
+        return HttpResponse(416, headers, b"")
+    end = min(end, len(data) - 1)
+    headers["content-range"] = f"bytes {start}-{end}/{len(data)}"
+    return HttpResponse(206, headers, data[start : end + 1])
 
 
 class RestApi:
@@ -68,6 +123,7 @@ class RestApi:
         self._urls = urls
         self._run_io = run_io
         self._trace_fn = trace
+        self._archives: dict[tuple[str, str, str], _Archive] = {}
 
     def _now(self) -> float:
         return time.time()
@@ -238,7 +294,7 @@ class RestApi:
         if not ckpt_id.startswith("external_weights/"):
             raise HttpError(400, f"checkpoint id {ckpt_id!r} is not an external_weights checkpoint")
         row = self._checkpoint_row(run_id, ckpt_id)
-        expires = self._now() + URL_TTL_S
+        expires = self._now() + request.meta.get("fault.url_ttl", URL_TTL_S)
         names = await self._run_io(
             lambda: self._files.list_files(row.run_id, row.checkpoint_id, CheckpointFiles.FILES)
         )
@@ -247,8 +303,23 @@ class RestApi:
         return HttpResponse.json({"urls": urls, "expires": iso(expires)})
 
     async def archive(self, request: HttpRequest, run_id: str, ckpt_id: str) -> HttpResponse:
+        """The archive's signed URL (302, with the JSON body too), or 503 + ``Retry-After``
+        while the archive is being created (fault ``generating=N``: it takes N seconds)."""
         row = self._checkpoint_row(run_id, ckpt_id)
-        expires = self._now() + URL_TTL_S
+        now = self._now()
+        key = (row.run_id, row.checkpoint_id, str(row.created_at))
+        state = self._archives.get(key)
+        if state is None:
+            state = _Archive(ready_at=now + request.meta.get("fault.generating", 0.0))
+            self._archives[key] = state
+        if now < state.ready_at:
+            wait = max(state.ready_at - now, 0.001)
+            return HttpResponse.json(
+                {"detail": "creating checkpoint archive", "retry_after_s": wait},
+                503,
+                {"retry-after": f"{min(wait, ARCHIVE_RETRY_S):.3f}".rstrip("0").rstrip(".")},
+            )
+        expires = now + request.meta.get("fault.url_ttl", URL_TTL_S)
         url = self._file_url(
             request,
             {"k": "archive", "r": row.run_id, "c": row.checkpoint_id},
@@ -466,15 +537,27 @@ class RestApi:
         if self._store.get_checkpoint(run_id, ckpt_id) is None:
             raise HttpError(404, "checkpoint no longer exists")
         if kind == "archive":
-            blob = await self._run_io(lambda: self._tar(run_id, ckpt_id))
-            return HttpResponse(200, {"content-type": "application/x-tar"}, blob)
+            blob = await self._archive_blob(run_id, ckpt_id)
+            return _ranged(request, blob, "application/x-tar")
         try:
             data = await self._run_io(
                 lambda: self._files.read(run_id, ckpt_id, f"{CheckpointFiles.FILES}/{rel}")
             )
         except FileNotFoundError:
             raise HttpError(404, f"no file {rel!r} in this checkpoint") from None
-        return HttpResponse(200, {"content-type": "application/octet-stream"}, data)
+        return _ranged(request, data, "application/octet-stream")
+
+    async def _archive_blob(self, run_id: str, ckpt_id: str) -> bytes:
+        """The checkpoint's tar, built once per checkpoint (ranges of one download agree)."""
+        row = self._checkpoint_row(run_id, ckpt_id)
+        key = (row.run_id, row.checkpoint_id, str(row.created_at))
+        state = self._archives.setdefault(key, _Archive(ready_at=self._now()))
+        if state.blob is None:
+            blob = await self._run_io(lambda: self._tar(run_id, ckpt_id))
+            self._archives = {k: v for k, v in self._archives.items() if k[:2] != key[:2]}
+            state.blob = blob
+            self._archives[key] = state
+        return state.blob
 
     def _tar(self, run_id: str, ckpt_id: str) -> bytes:
         buf = io.BytesIO()
