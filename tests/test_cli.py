@@ -273,7 +273,7 @@ def test_delete_paths_and_filtered_run(served: Served) -> None:
 def test_download_external_with_and_without_force(served: Served, tmp_path: Path) -> None:
     proc = cli(served, "checkpoint", "download", served.external, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    name = f"{served.run_id}_external_weights_e1"
+    name = f"{served.run_id}_external_weights_e1".replace(":", "-")  # portable names
     target = tmp_path / name
     files = sorted(p.name for p in target.iterdir())
     assert files and "Downloaded to" in proc.stdout
@@ -302,17 +302,55 @@ def test_download_external_with_and_without_force(served: Served, tmp_path: Path
     assert not (target / "stale.txt").exists()
 
 
-def test_download_training_checkpoint_exports_and_cleans_up(served: Served, tmp_path: Path) -> None:
+def test_download_training_checkpoint_needs_no_run_or_session(
+    served: Served, tmp_path: Path
+) -> None:
+    rest = served.service.create_rest_client()
+    runs = rest.list_training_runs(limit=1000).result(TIMEOUT).training_runs
+    sessions = rest.list_sessions(limit=1000).result(TIMEOUT).sessions
     proc = cli(served, "checkpoint", "download", served.weights, "-o", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
-    assert "Exporting" in proc.stderr
-    target = tmp_path / "out" / f"{served.run_id}_weights_s1"
+    assert "Exporting" not in proc.stderr
+    target = tmp_path / "out" / f"{served.run_id}_weights_s1".replace(":", "-")
     assert sorted(p.name for p in target.iterdir())
-    # the temporary export is gone
-    everything = served.service.create_rest_client().list_user_checkpoints(limit=1000).result()
-    assert not [c for c in everything.checkpoints if "download-" in c.checkpoint_id]
+    assert "(what checkpoint list counts)" in proc.stdout and "archive (tar)" in proc.stdout
+    # nothing new in `run list`, no session
+    assert rest.list_training_runs(limit=1000).result(TIMEOUT).training_runs == runs
+    assert rest.list_sessions(limit=1000).result(TIMEOUT).sessions == sessions
     sampler = cli(served, "checkpoint", "download", served.sampler, cwd=tmp_path)
     assert sampler.returncode == 2 and "Sampler checkpoints cannot be downloaded" in sampler.stderr
+
+
+def test_download_json_reports_bytes_digest_attempts_and_resumes(
+    served: Served, tmp_path: Path
+) -> None:
+    from urllib.parse import urlsplit
+
+    from tinker_sync.local._admin import AdminChannel, RemoteFaultPlan
+
+    listed = as_json(cli(served, "--json", "checkpoint", "list", "--run-id", served.run_id))
+    size = next(
+        c["size_bytes"] for c in listed["checkpoints"] if c["tinker_path"] == served.weights
+    )
+    port = urlsplit(served.url).port
+    assert port is not None
+    plan = RemoteFaultPlan(AdminChannel("127.0.0.1", port, served.key))
+    plan.add("/_files/** cut_at=700 x2")
+    try:
+        doc = as_json(
+            cli(served, "--json", "checkpoint", "download", served.weights, "-o", str(tmp_path))
+        )
+    finally:
+        plan.clear()
+    target = Path(doc["path"])
+    assert target.parent == tmp_path and ":" not in target.name
+    assert doc["bytes"] == doc["size_bytes"] == size  # the listed size counts the same files
+    assert doc["attempts"] == 3 and doc["resumed_bytes"] == 700 + 1400
+    assert doc["bytes_transferred"] == doc["fetched_bytes"] > doc["bytes"]
+    assert doc["digest"].startswith("sha256:") and doc["verified_by"] == "repr-digest"
+    table = cli(served, "checkpoint", "download", served.weights, "--force", "-o", str(tmp_path))
+    assert table.returncode == 0, table.stderr
+    assert "/s" in table.stdout and "Transferred" in table.stdout  # speed
 
 
 def test_download_progress_bar_on_a_tty(served: Served, tmp_path: Path) -> None:

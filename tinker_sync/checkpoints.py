@@ -158,6 +158,7 @@ def download(
     force: bool = False,
     progress: Progress | None = None,
     service_client: ServiceClient | None = None,
+    rest_client: RestClient | None = None,
     on_event: Event | None = None,
     archive_deadline: float = ARCHIVE_DEADLINE_S,
     _clock: Clock = SYSTEM_CLOCK,
@@ -174,6 +175,8 @@ def download(
     :param service_client: client whose URL, key and knobs to use (only its REST client is
         used, except on the export fallback). Without one, a RestClient is built from the
         environment and closed before returning.
+    :param rest_client: the RestClient to use instead (kept open); the export fallback then
+        builds a ServiceClient from the environment, unless ``service_client`` is given too.
     :param on_event: called with a short text on each state change (see :data:`Event`).
     :param archive_deadline: seconds the server may take to create the archive.
     """
@@ -183,6 +186,7 @@ def download(
         force=force,
         progress=progress,
         service_client=service_client,
+        rest_client=rest_client,
         on_event=on_event,
         archive_deadline=archive_deadline,
         _clock=_clock,
@@ -196,9 +200,11 @@ def download_checkpoint(
     force: bool = False,
     progress: Progress | None = None,
     service_client: ServiceClient | None = None,
+    rest_client: RestClient | None = None,
     on_event: Event | None = None,
     archive_deadline: float = ARCHIVE_DEADLINE_S,
     _clock: Clock = SYSTEM_CLOCK,
+    _service_factory: Callable[[], ServiceClient] | None = None,
 ) -> DownloadResult:
     """:func:`download`, returning a :class:`DownloadResult` (bytes, digests, attempts)."""
     parsed = parse_checkpoint_path(tinker_path)
@@ -223,20 +229,19 @@ def download_checkpoint(
     started = _clock.monotonic()
     fetcher = _Fetcher(progress, on_event, _clock)
     try:
+        factory = _service_factory
         if service_client is not None:
-            source = _fetch(
-                fetcher,
-                service_client.create_rest_client(),
-                parsed,
-                staging,
-                service_client,
-                archive_deadline,
-            )
+            given = service_client
+            factory = lambda: given  # noqa: E731
+            if rest_client is None:
+                rest_client = service_client.create_rest_client()
+        if rest_client is not None:
+            source = _fetch(fetcher, rest_client, parsed, staging, factory, archive_deadline)
         else:
             from tinker_sync.rest_client import RestClient
 
             with RestClient(_clock=_clock) as rest:
-                source = _fetch(fetcher, rest, parsed, staging, None, archive_deadline)
+                source = _fetch(fetcher, rest, parsed, staging, factory, archive_deadline)
         files = tuple(
             sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
         )
@@ -271,7 +276,7 @@ def _fetch(
     rest: RestClient,
     parsed: CheckpointPath,
     staging: Path,
-    service_client: ServiceClient | None,
+    service_factory: Callable[[], ServiceClient] | None,
     archive_deadline: float,
 ) -> Literal["archive", "external_weights", "export"]:
     if parsed.checkpoint_type == "external":
@@ -285,7 +290,8 @@ def _fetch(
             raise
         log.warning("the server has no archive endpoint: exporting %s instead", parsed.tinker_path)
         fetcher.event("this server has no checkpoint archives: exporting through a training run")
-        _fetch_by_export(fetcher, parsed.tinker_path, staging, service_client, fetcher.clock)
+        service = None if service_factory is None else service_factory()
+        _fetch_by_export(fetcher, parsed.tinker_path, staging, service, fetcher.clock)
         return "export"
     part = staging / f".{ARCHIVE_NAME}.part"
     fetcher.total = 0

@@ -457,7 +457,8 @@ def cmd_checkpoint_delete(args: argparse.Namespace, ctx: Context) -> int:
 
 
 class _Bar:
-    """A tqdm byte progress bar driven by ``(done, total)`` callbacks."""
+    """A tqdm byte progress bar (with speed) driven by ``(done, total)`` callbacks; download
+    events (archive being created, resumed at N bytes) show after the numbers."""
 
     def __init__(self, stream: Any, label: str) -> None:
         from tqdm import tqdm
@@ -479,12 +480,19 @@ class _Bar:
             bar.total = total
         bar.update(done - bar.n)
 
+    def event(self, text: str) -> None:
+        self._bar.set_postfix_str(text)
+
     def close(self) -> None:
         self._bar.close()
 
 
+def _speed(nbytes: int, seconds: float) -> str:
+    return f"{format_size(int(nbytes / seconds))}/s" if seconds > 0 else "N/A"
+
+
 def cmd_checkpoint_download(args: argparse.Namespace, ctx: Context) -> int:
-    from tinker_sync.checkpoints import download, target_dir_name
+    from tinker_sync.checkpoints import download_checkpoint, target_dir_name
 
     path: str = args.checkpoint_path
     parsed = _parse_path(path)
@@ -502,36 +510,69 @@ def cmd_checkpoint_download(args: argparse.Namespace, ctx: Context) -> int:
             "Use --force to overwrite or choose a different output directory.",
         )
     show_bar = not args.no_progress and not out.quiet and not out.json and out.stderr.isatty()
-    if parsed.checkpoint_type == "training":
-        out.info(
-            f"Exporting {path} as external weights (this starts a temporary training session "
-            "on the checkpoint's base model)..."
-        )
     bar = _Bar(out.stderr, parsed.checkpoint_id) if show_bar else None
+
+    def on_event(text: str) -> None:
+        if bar is not None:
+            bar.event(text)
+        else:
+            out.info(text)
+
     try:
-        target = download(
-            path, args.output, force=args.force, progress=bar, service_client=ctx.service()
+        # REST only: a ServiceClient (a session) is built only for the export fallback of a
+        # server without checkpoint archives.
+        result = download_checkpoint(
+            path,
+            args.output,
+            force=args.force,
+            progress=bar,
+            rest_client=ctx.rest(),
+            on_event=on_event,
+            _service_factory=ctx.service,
         )
     finally:
         if bar is not None:
             bar.close()
-    files = sorted(
-        str(p.relative_to(target).as_posix()) for p in Path(target).rglob("*") if p.is_file()
-    )
-    size = sum((target / f).stat().st_size for f in files)
+    digest = next(iter(result.digests.values())) if len(result.digests) == 1 else None
     out.document(
-        {"checkpoint_path": path, "destination": str(target), "files": files, "size_bytes": size}
+        {
+            "checkpoint_path": path,
+            "path": str(result.path),
+            "destination": str(result.path),
+            "source": result.source,
+            "files": list(result.files),
+            "size_bytes": result.bytes_written,
+            "bytes": result.bytes_written,
+            "fetched_bytes": result.size_bytes,
+            "bytes_transferred": result.bytes_transferred,
+            "resumed_bytes": result.resumed_bytes,
+            "digest": digest,
+            "digests": result.digests,
+            "verified_by": result.verified_by,
+            "attempts": result.attempts,
+            "archive_polls": result.archive_polls,
+            "resigns": result.resigns,
+            "elapsed_s": round(result.elapsed_s, 3),
+        }
     )
-    out.table(
-        ["Property", "Value"],
+    fetched = "archive (tar)" if result.source == "archive" else "files"
+    rows = [
+        ["Checkpoint Path", path],
+        ["Files", str(len(result.files))],
+        ["Size on disk", f"{format_size(result.bytes_written)} (what checkpoint list counts)"],
+        ["Fetched", f"{format_size(result.size_bytes)} ({fetched})"],
         [
-            ["Checkpoint Path", path],
-            ["Files", str(len(files))],
-            ["Total Size", format_size(size)],
-            ["Downloaded to", str(target)],
+            "Transferred",
+            f"{format_size(result.bytes_transferred)} in {result.attempts} "
+            f"{'request' if result.attempts == 1 else 'requests'}, "
+            f"{_speed(result.bytes_transferred, result.elapsed_s)}",
         ],
-        title=f"Checkpoint download: {path}",
-    )
+    ]
+    if result.resumed_bytes:
+        rows.append(["Resumed", f"{format_size(result.resumed_bytes)} not fetched again"])
+    rows.append(["Verified", f"{result.verified_by}" + (f" {digest}" if digest else "")])
+    rows.append(["Downloaded to", str(result.path)])
+    out.table(["Property", "Value"], rows, title=f"Checkpoint download: {path}")
     return 0
 
 
@@ -715,7 +756,8 @@ def register(subparsers: Any, add_common: AddCommon) -> None:
         "--output",
         default=".",
         metavar="DIR",
-        help="parent directory (default .); files go to DIR/<run>_<kind>_<name>/",
+        help="parent directory (default .); files go to DIR/<run>_<kind>_<name>/ (characters "
+        "Windows refuses, such as ':', become '-')",
     )
     p.add_argument("--force", action="store_true", help="replace an existing directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
