@@ -78,6 +78,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "first": {"prompt": 64, "max_tokens": 16, "warmup": 1, "reps": 7},
         "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 3000, "warmup": 100, "reps": 5},
         "lossy": {**_LOSSY, "samples": 1000, "reps": 5},
+        "download": {"size_mb": 200, "cuts": 5, "reps": 5},
     },
     "quick": {
         "sample": {"n": 500, "prompt": 64, "max_tokens": 16, "warmup": 100, "reps": 3},
@@ -98,6 +99,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "first": {"prompt": 64, "max_tokens": 16, "warmup": 1, "reps": 5},
         "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 1000, "warmup": 50, "reps": 3},
         "lossy": {**_LOSSY, "samples": 300, "reps": 3},
+        "download": {"size_mb": 200, "cuts": 5, "reps": 3},
     },
     "smoke": {
         "sample": {"n": 20, "prompt": 64, "max_tokens": 16, "warmup": 0, "reps": 1},
@@ -118,6 +120,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "first": {"prompt": 64, "max_tokens": 16, "warmup": 0, "reps": 1},
         "scaleout": {**_SCALEOUT, "concurrency": 8, "n": 24, "warmup": 0, "reps": 1},
         "lossy": {**_LOSSY, "threads": 1, "steps": 2, "samples": 8, "sample_threads": 4, "reps": 1},
+        "download": {"size_mb": 2, "cuts": 5, "reps": 1},
     },
 }
 # P1T / P7T: the P1 and P7 workloads over HTTPS (the same sizes).

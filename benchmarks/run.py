@@ -42,6 +42,9 @@ P11 8 x 15 training steps and sample p99 / max through a TCP     train <= 120 s,
     fault proxy at 5 % per fault kind, vs no faults (ours only)    max <= 45 s, exactly once
 P9  pipelined train step p50 while 2,000 samples are in flight   ours <= 1.3 x our idle step
     on the same ServiceClient (limit column: our idle step)
+P13 a 200 MB checkpoint download cut 5 times: bytes received /   ours <= 1.1 and verified
+    its size (official: ``tinker checkpoint download``); P13-S
+    its wall time
 ==  ==========================================================  ==================================
 
 Plus peak RSS of the P1 and P6 workers (no goal). Output: a table on stdout and JSON (``--out``,
@@ -88,6 +91,7 @@ WORKERS = {
     "codec": BENCH_DIR / "_worker_codec.py",
     "scaleout": BENCH_DIR / "_worker_scaleout.py",
     "lossy": BENCH_DIR / "_worker_lossy.py",
+    "download": BENCH_DIR / "_worker_download.py",
 }
 #: Which workers run each bench (``import`` runs in this process, timing fresh interpreters).
 BENCH_WORKERS: dict[str, tuple[str, ...]] = {
@@ -103,6 +107,7 @@ BENCH_WORKERS: dict[str, tuple[str, ...]] = {
     "first": (),
     "scaleout": ("scaleout",),
     "lossy": ("lossy",),
+    "download": ("download",),
     "busy": ("ours", "official"),  # P9
 }
 #: Benches whose rows are ratios of wall times: their repetitions run in rounds, one worker
@@ -445,6 +450,33 @@ ROWS: tuple[Row, ...] = (
             ("official_pending_at_end", "official", "pending_at_end", 1.0),
         ),
     ),
+    # P13 (issue 26, benchmarks/_worker_download.py): a 200 MB checkpoint whose every file
+    # answer is cut after a sixth, five times; ours downloads the training checkpoint's archive
+    # (REST only, resumed, verified), official runs `tinker checkpoint download` on an
+    # external-weights checkpoint holding the same bytes (0.38 has no archive call).
+    Row(
+        "P13",
+        "200 MB checkpoint download cut 5 times: bytes received / its size",
+        "x",
+        "download",
+        (("ours", "download", "ours_ratio"), ("official", "download", "official_ratio")),
+        "ours <= 1.1, verified (the worker fails unless ours has the right sha-256)",
+        judge=lambda m, r, s: _le(m["ours"], 1.1),
+        detail=(
+            ("ours_bytes", "download", "ours_bytes", 1.0),
+            ("official_bytes", "download", "official_bytes", 1.0),
+            ("official_intact", "download", "official_intact", 1.0),
+        ),
+    ),
+    Row(
+        "P13-S",
+        "wall time of the P13 download (official: until it stopped)",
+        "s",
+        "download",
+        (("ours", "download", "ours_wall_s"), ("official", "download", "official_wall_s")),
+        None,
+        detail=(("official_uncut_wall_s", "download", "official_uncut_wall_s", 1.0),),
+    ),
     Row(
         "P1-RSS",
         "peak RSS of the P1 worker",
@@ -571,6 +603,7 @@ def _needed_benches(rows: list[Row]) -> list[str]:
         "scaleout",
         "lossy",
         "busy",
+        "download",
     ]
     wanted = {row.bench for row in rows}
     return [b for b in order if b in wanted]
@@ -660,7 +693,15 @@ def collect(
                     ],
                 )
                 for tls in (False, True)
-                for worker in ("ours", "official", "raw", "codec", "scaleout", "lossy")
+                for worker in (
+                    "ours",
+                    "official",
+                    "raw",
+                    "codec",
+                    "scaleout",
+                    "lossy",
+                    "download",
+                )
             ]
         else:
             plan = []

@@ -260,3 +260,21 @@ def test_the_limit_sends_the_header_lines_tinker_sync_sends() -> None:
         ours = names(srv.requests.filter())
     ours["retrieve_future"].discard("x-tinker-poll-hold")
     assert limit == ours
+
+
+def test_bench_download_small_arrives_verified(tmp_path: Path) -> None:
+    """bench_download.py --small: ours arrives verified within 1.1x; the official path ran."""
+    pytest.importorskip("tinker", reason="the official SDK (bench extra) is the comparison")
+    out = tmp_path / "p13.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_download.py"), "--small", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["ours"]["outcome"] == "verified" and doc["ours"]["ratio"] <= 1.1
+    assert doc["ours"]["attempts"] == doc["cuts"] + 1 == doc["ours"]["cuts_applied"] + 1
+    assert doc["official"]["outcome"] and doc["official_uncut"]["outcome"] == "verified"
