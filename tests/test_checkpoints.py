@@ -450,3 +450,23 @@ def test_unsafe_names_are_refused(
         download(seed.external, out, service_client=seed.service)
     assert list(out.iterdir()) == []
     assert not (tmp_path / "evil.bin").exists()
+
+
+def test_signed_links_serve_ranges_etag_and_digest(seed: Seed, server: LocalServer) -> None:
+    import base64
+    import hashlib
+
+    urls = seed.rest.get_external_weights_urls(seed.external).result(TIMEOUT).urls
+    url = urls[sorted(urls)[0]]
+    whole = requests.get(url, timeout=10)
+    body, etag = whole.content, whole.headers["etag"]
+    digest = base64.b64encode(hashlib.sha256(body).digest()).decode()
+    assert whole.headers["repr-digest"] == f"sha-256=:{digest}:" and len(body) > 10
+    part = requests.get(url, headers={"Range": "bytes=5-9", "If-Range": etag}, timeout=10)
+    assert part.status_code == 206 and part.content == body[5:10]
+    assert part.headers["content-range"] == f"bytes 5-9/{len(body)}"
+    assert part.headers["repr-digest"] == whole.headers["repr-digest"]  # the whole file's
+    changed = requests.get(url, headers={"Range": "bytes=5-", "If-Range": '"other"'}, timeout=10)
+    assert changed.status_code == 200 and changed.content == body
+    beyond = requests.get(url, headers={"Range": f"bytes={len(body)}-"}, timeout=10)
+    assert beyond.status_code == 416 and beyond.headers["content-range"] == f"bytes */{len(body)}"

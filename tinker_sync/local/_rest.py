@@ -50,8 +50,10 @@ OWNER = "tml:user:local"
 FILES_PREFIX = "/_files/"
 URL_TTL_S = 3600.0
 _MAX_SQL_INT = 2**63 - 1
-#: ``Retry-After`` of an archive that is still being created when no end time is known.
+#: The longest ``Retry-After`` an archive that is still being created answers with.
 ARCHIVE_RETRY_S = 2.0
+#: Archives kept in memory (each is built once, then served from there).
+ARCHIVES_HELD = 2
 
 
 @dataclass
@@ -557,6 +559,9 @@ class RestApi:
             self._archives = {k: v for k, v in self._archives.items() if k[:2] != key[:2]}
             state.blob = blob
             self._archives[key] = state
+            held = [v for v in self._archives.values() if v.blob is not None]
+            for old in held[:-ARCHIVES_HELD]:  # the oldest are built again if asked for
+                old.blob = None
         return state.blob
 
     def _tar(self, run_id: str, ckpt_id: str) -> bytes:
