@@ -17,6 +17,7 @@ import dataclasses
 import datetime as _dt
 import enum
 import json as _json
+import re
 import types as _types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,8 @@ from typing import Any, ClassVar, Literal, TypeVar, Union
 
 import attrs
 import numpy as np
+
+from tinker_sync.types._coerce import Invalid, ValidationError, to_bool, to_float, to_int, to_str
 
 __all__ = [
     "FieldInfo",
@@ -249,9 +252,24 @@ def _dataclass_checks(cls: type) -> tuple[tuple[str, "Check", str], ...]:
     return checks
 
 
+_NAMED = re.compile(r"([A-Za-z_]\w*\.[^\s:]+): (.*)", re.S)
+
+
 def _converter_check(fn: Callable[[Any], Any]) -> "Check":
+    """A type's own converter as a check: its TypeError / ValueError becomes a ValidationError."""
+
     def check(value: Any, path: str) -> Any:
-        return fn(value)
+        try:
+            return fn(value)
+        except ValidationError:
+            raise
+        except (TypeError, ValueError) as exc:
+            kind = "value_error" if isinstance(exc, ValueError) else "type_error"
+            text = str(exc)
+            named = _NAMED.match(text)  # "Cls.field[3]: message": keep the finer path
+            if named is not None and named.group(1).startswith(path):
+                path, text = named.group(1), named.group(2)
+            raise ValidationError.single(path, kind, text, value, got=False) from None
 
     return check
 
@@ -357,40 +375,49 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _bad_type(path: str, expected: str, value: Any) -> TypeError:
-    return TypeError(f"{path}: expected {expected}, got {type(value).__name__} {_short(value)}")
+def _bad_type(path: str, expected: str, value: Any, kind: str = "type_error") -> ValidationError:
+    text = f"expected {expected}, got {type(value).__name__} {_short(value)}"
+    return ValidationError.single(path, kind, text, value, got=False)
+
+
+def _invalid(path: str, exc: Invalid, value: Any) -> ValidationError:
+    return ValidationError.single(path, exc.kind, exc.msg, value)
 
 
 def _check_int(value: Any, path: str) -> int:
     if type(value) is int:
         return value
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return int(value)
-    raise _bad_type(path, "int", value)
+    try:
+        return to_int(value)
+    except Invalid as exc:
+        raise _invalid(path, exc, value) from None
 
 
 def _check_float(value: Any, path: str) -> float:
     if type(value) is float:
         return value
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-        value, (bool, np.bool_)
-    ):
-        return float(value)
-    raise _bad_type(path, "float", value)
+    try:
+        return to_float(value)
+    except Invalid as exc:
+        raise _invalid(path, exc, value) from None
 
 
 def _check_str(value: Any, path: str) -> str:
-    if isinstance(value, str):
+    if type(value) is str:
         return value
-    raise _bad_type(path, "str", value)
+    try:
+        return to_str(value)
+    except Invalid as exc:
+        raise _invalid(path, exc, value) from None
 
 
 def _check_bool(value: Any, path: str) -> bool:
     if type(value) is bool:
         return value
-    if isinstance(value, np.bool_):
-        return bool(value)
-    raise _bad_type(path, "bool", value)
+    try:
+        return to_bool(value)
+    except Invalid as exc:
+        raise _invalid(path, exc, value) from None
 
 
 def _check_bytes(value: Any, path: str) -> bytes:
@@ -402,8 +429,10 @@ def _check_bytes(value: Any, path: str) -> bytes:
         try:
             return base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise ValueError(f"{path}: invalid base64 string: {exc}") from None
-    raise _bad_type(path, "bytes (or a base64 str)", value)
+            raise ValidationError.single(
+                path, "value_error", f"invalid base64 string: {exc}", value, got=False
+            ) from None
+    raise _bad_type(path, "bytes (or a base64 str)", value, "bytes_type")
 
 
 def to_utc(value: _dt.datetime) -> _dt.datetime:
@@ -424,7 +453,13 @@ def parse_datetime(value: str, path: str) -> _dt.datetime:
     try:
         parsed = _dt.datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"{path}: invalid ISO 8601 datetime {_short(value)}") from None
+        raise ValidationError.single(
+            path,
+            "datetime_from_date_parsing",
+            f"invalid ISO 8601 datetime {_short(value)}",
+            value,
+            got=False,
+        ) from None
     return to_utc(parsed)
 
 
@@ -433,7 +468,7 @@ def _check_datetime(value: Any, path: str) -> _dt.datetime:
         return to_utc(value)
     if isinstance(value, str):
         return parse_datetime(value, path)
-    raise _bad_type(path, "datetime", value)
+    raise _bad_type(path, "datetime", value, "datetime_type")
 
 
 def _any(value: Any, path: str) -> Any:
@@ -441,11 +476,32 @@ def _any(value: Any, path: str) -> Any:
 
 
 def _literal_check(values: tuple[Any, ...]) -> Check:
+    """Pydantic's literal rule: a str literal takes equal strs (str enums too); an int literal
+    takes what the int rule turns into it (``1.0``, ``True``, numpy ints; never a str)."""
+    ints = [v for v in values if type(v) is int]
+
     def check(value: Any, path: str) -> Any:
         for allowed in values:
             if value == allowed and type(value) is type(allowed):
                 return allowed
-        raise ValueError(f"{path}: expected one of {list(values)!r}, got {_short(value)}")
+        if isinstance(value, str):
+            for allowed in values:
+                if type(allowed) is str and value == allowed:
+                    return allowed
+        elif ints and not isinstance(value, (bytes, bytearray)):
+            try:
+                number = to_int(value)
+            except Invalid:
+                number = None
+            if number is not None and number in ints:
+                return number
+        raise ValidationError.single(
+            path,
+            "literal_error",
+            f"expected one of {list(values)!r}, got {_short(value)}",
+            value,
+            got=False,
+        )
 
     return check
 
@@ -492,8 +548,11 @@ def _model_from_mapping(cls: type[_M], value: Mapping[str, Any], path: str) -> _
         kwargs = {k: v for k, v in kwargs.items() if k in names or k in extra_ok}
     try:
         return cls(**kwargs)
-    except TypeError as exc:
-        raise TypeError(f"{path}: {exc}") from None
+    except ValidationError as exc:
+        raise exc.under(path) from None
+    except (TypeError, ValueError) as exc:
+        kind = "value_error" if isinstance(exc, ValueError) else "type_error"
+        raise ValidationError.single(path, kind, str(exc), value, got=False) from None
 
 
 def _model_check(cls: type[TinkerModel]) -> Check:
@@ -525,6 +584,7 @@ def _union_check(members: tuple[Any, ...]) -> Check:
     classes: list[type[TinkerModel]] = [m for m in members if is_model_class(m)]
     others = [m for m in members if m not in classes]
     other_checks = [check_for(m) for m in others]
+    exact = frozenset(m for m in others if m in (int, float, str, bool, bytes))
     tags: dict[Any, type[TinkerModel]] = {}
     tag_field: str | None = None
     for c in classes:
@@ -547,7 +607,15 @@ def _union_check(members: tuple[Any, ...]) -> Check:
                     return _model_from_mapping(c, value, path)
                 except (TypeError, ValueError) as exc:
                     errors.append(str(exc))
-            raise ValueError(f"{path}: value matches none of {names}: {'; '.join(errors)}")
+            raise ValidationError.single(
+                path,
+                "union_error",
+                f"value matches none of {names}: {'; '.join(errors)}",
+                value,
+                got=False,
+            )
+        if type(value) in exact:  # pydantic's smart union: an exact type match wins
+            return value
         for oc in other_checks:
             try:
                 return oc(value, path)
@@ -595,8 +663,12 @@ def check_for(tp: Any) -> Check:
                 try:
                     return enum_cls(value)
                 except ValueError:
-                    raise ValueError(
-                        f"{path}: invalid {enum_cls.__name__} {_short(value)}"
+                    raise ValidationError.single(
+                        path,
+                        "enum",
+                        f"invalid {enum_cls.__name__} {_short(value)}",
+                        value,
+                        got=False,
                     ) from None
 
             return check_enum
@@ -617,6 +689,15 @@ def checked(cls: type, fields: "list[attrs.Attribute[Any]]") -> "list[attrs.Attr
     """attrs ``field_transformer``: give every field without a converter a strict check."""
     out: list[attrs.Attribute[Any]] = []
     for a in fields:
+        if a.converter is not None and a.metadata.get("check") is not False:
+            check = _converter_check(a.converter)  # type: ignore[arg-type]
+            path = f"{cls.__name__}.{a.name}"
+
+            def convert_(value: Any, _check: Check = check, _path: str = path) -> Any:
+                return _check(value, _path)
+
+            out.append(a.evolve(converter=convert_))
+            continue
         if a.converter is not None or a.metadata.get("check") is False or a.type is None:
             out.append(a)
             continue

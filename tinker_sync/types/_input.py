@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tinker_sync.types._base import TinkerRequest, checked
+from tinker_sync.types._coerce import Invalid, ValidationError, to_int
 
 __all__ = [
     "DmelChunk",
@@ -53,11 +54,11 @@ def _tokens(value: Any) -> Sequence[int]:
         return seq
     out: list[int] = []
     for i, t in enumerate(seq):
-        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
-            raise TypeError(
-                f"EncodedTextChunk.tokens[{i}]: expected int, got {type(t).__name__} {t!r}"
-            )
-        out.append(int(t))
+        try:
+            out.append(to_int(t))  # pydantic's lax int rule, as the official list[int]
+        except Invalid as exc:
+            path = f"EncodedTextChunk.tokens[{i}]"
+            raise ValidationError.single(path, exc.kind, exc.msg, t) from None
     return out
 
 

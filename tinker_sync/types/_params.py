@@ -9,6 +9,7 @@ from typing import Any, Literal, TypeAlias
 import attrs
 
 from tinker_sync.types._base import TinkerModel, TinkerRequest, checked, dump
+from tinker_sync.types._coerce import Invalid, to_int, to_str
 
 __all__ = [
     "AdamOptimizerConfig",
@@ -29,14 +30,25 @@ SamplingClientKind: TypeAlias = Literal["snapshot", "inflight"]
 
 
 def _stop(value: Any) -> str | list[str] | list[int] | None:
-    if value is None or isinstance(value, str):
+    if value is None or type(value) is str:
         return value
     if isinstance(value, (list, tuple)):
         items = list(value)
-        if all(isinstance(v, str) for v in items):
+        if all(type(v) is str for v in items) or all(type(v) is int for v in items):
             return items
-        if all(type(v) is int for v in items):
-            return items
+        try:  # pydantic's smart union: list[str], then list[int]
+            return [to_str(v) for v in items]
+        except Invalid:
+            pass
+        try:
+            return [to_int(v) for v in items]
+        except Invalid:
+            pass
+    else:
+        try:
+            return to_str(value)
+        except Invalid:
+            pass
     raise TypeError(
         "SamplingParams.stop must be None, a str, a list of str or a list of int (not mixed), "
         f"got {value!r}"
