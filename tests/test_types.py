@@ -1034,12 +1034,34 @@ def test_model_validate_and_copy():
     assert T.SamplingParams.model_validate(params) is params
     changed = params.model_copy(update={"temperature": 0.5})
     assert changed.temperature == 0.5 and params.temperature == 1.0
-    with pytest.raises(TypeError, match="SamplingParams.top_k"):
+    with pytest.raises(ValueError, match="SamplingParams.top_k"):
         params.model_copy(update={"top_k": 1.5})
     deep = T.ModelInput.from_ints([1, 2]).model_copy(deep=True)
     assert deep.to_ints() == [1, 2]
-    with pytest.raises(ValueError, match="max_tokens"):
-        T.SamplingParams.model_validate({"max_tokens": "5"})
+    assert T.SamplingParams.model_validate({"max_tokens": "5"}).max_tokens == 5  # as pydantic
+    with pytest.raises(ValueError, match="max_tokens") as info:
+        T.SamplingParams.model_validate({"max_tokens": "five"})
+    assert info.value.errors()[0]["loc"] == ("max_tokens",)
+
+
+def test_model_validate_takes_nested_instances():
+    chunk = T.EncodedTextChunk(tokens=[1, 2])
+    mi = T.ModelInput.model_validate({"chunks": [chunk, {"type": "encoded_text", "tokens": [3]}]})
+    assert mi.chunks[0] is chunk and mi.to_ints() == [1, 2, 3]
+    req = T.SampleRequest.model_validate(
+        {"prompt": mi, "sampling_params": T.SamplingParams(max_tokens=4), "num_samples": 2.0}
+    )
+    assert req.prompt is mi and req.num_samples == 2
+    datum = T.Datum.model_validate(
+        {
+            "model_input": mi,
+            "loss_fn_inputs": {"target_tokens": T.TensorData.from_numpy(np.arange(3))},
+        }
+    )
+    assert datum.model_input is mi
+    with pytest.raises(ValueError) as info:
+        T.ModelInput.model_validate({"chunks": [chunk, {"type": "encoded_text", "tokens": [0.5]}]})
+    assert info.value.errors()[0]["loc"] == ("chunks", 1, "tokens", 0)
 
 
 def test_nested_mapping_construction():

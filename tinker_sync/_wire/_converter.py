@@ -390,6 +390,7 @@ def _model_union_hook_factory(t: Any) -> Callable[[Any, Any], Any]:
         hook = _s_optim_params
     else:
         hook = _tagged_union_hook(members)
+    hook = _passing_instances(members, hook)
     if len(members) == len(all_members):
         return hook
     inner = hook
@@ -456,7 +457,22 @@ def _dataclass_hook(cls: type) -> Callable[[Any, Any], Any]:
     return hook
 
 
+def _passing_instances(cls: type | tuple[type, ...], hook: Callable[[Any, Any], Any]) -> Any:
+    """``hook``, but an instance of ``cls`` (a nested model given as itself) is kept as is."""
+
+    def structure(value: Any, t: Any) -> Any:
+        if isinstance(value, cls):
+            return value
+        return hook(value, t)
+
+    return structure
+
+
 def _model_hook_factory(cls: type) -> Callable[[Any, Any], Any]:
+    return cast(Callable[[Any, Any], Any], _passing_instances(cls, _model_hook(cls)))
+
+
+def _model_hook(cls: type) -> Callable[[Any, Any], Any]:
     custom = _CUSTOM.get(cls)
     if custom is not None:
         return custom

@@ -150,19 +150,26 @@ class TinkerModel:
 
     @classmethod
     def model_validate(cls: type[_M], obj: Any) -> _M:
-        """Build an instance from a mapping (parsed strictly, like a server reply) or return it.
+        """Build an instance from a mapping (or return ``obj`` if it is one), like pydantic's.
 
-        Raises ``ValueError`` (a ``WireValidationError``) naming the offending field path.
+        The mapping may hold nested instances, and its values follow the constructor's
+        coercion rules (docs/migration.md#coercion). Raises ``ValidationError`` (a
+        ``ValueError``) whose ``errors()`` name each bad field path.
         """
         if isinstance(obj, cls):
             return obj
-        from tinker_sync._wire._converter import from_json
+        from tinker_sync._wire._converter import WireValidationError, from_json
 
-        return from_json(cls, obj)
+        try:
+            return from_json(cls, obj)  # JSON forms: model_dump output, server replies
+        except WireValidationError:
+            pass
+        checked_value: _M = _model_check(cls)(obj, cls.__name__)
+        return checked_value
 
     @classmethod
     def model_validate_json(cls: type[_M], json_data: str | bytes) -> _M:
-        """Parse JSON text strictly into an instance (see ``model_validate``)."""
+        """Parse JSON text into an instance (see ``model_validate``)."""
         try:
             data = _json.loads(json_data)
         except ValueError as exc:
