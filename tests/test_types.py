@@ -2,6 +2,7 @@
 (docs/design/behavior.md#strict-converter, docs/design/behavior.md#data-helpers)."""
 
 import base64
+import dataclasses
 import datetime as dt
 import pickle
 import subprocess
@@ -1334,3 +1335,61 @@ def test_dataclass_types_pickle_round_trip(obj: Any) -> None:
     again = pickle.loads(pickle.dumps(value))
     assert type(again) is type(value)
     assert again.model_dump(mode="json") == value.model_dump(mode="json")
+
+
+def _dataclass_instances() -> dict[str, Any]:
+    mi = T.ModelInput.from_ints([1, 2, 3])
+    td = T.TensorData(data=[1, 2, 3], dtype="int64", shape=[3])
+    span = T.SampledProvenanceSpan(sequence_id="s", length=3)
+    datum = T.Datum(model_input=mi, loss_fn_inputs={"target_tokens": td})
+    fbi = T.ForwardBackwardInput(data=[datum], loss_fn="cross_entropy")
+    seq = T.SampledSequence(
+        stop_reason="stop", sequence_id="a", tokens=[1, 2], logprobs=[-0.5, -0.25]
+    )
+    return {
+        "TensorData": td,
+        "Datum": datum.with_provenance([span], [span]),
+        "ForwardBackwardInput": fbi,
+        "ForwardBackwardOutput": T.ForwardBackwardOutput(
+            loss_fn_output_type="x", loss_fn_outputs=[{"logprobs": td}], metrics={"loss:sum": 1.0}
+        ),
+        "ForwardBackwardRequest": T.ForwardBackwardRequest(
+            forward_backward_input=fbi, model_id="m"
+        ),
+        "ForwardRequest": T.ForwardRequest(forward_input=fbi, model_id="m"),
+        "PromptAltTokens": T.PromptAltTokens(tokens=td, logprobs=td),
+        "PromptProvenanceSpan": T.PromptProvenanceSpan(sequence_id="p", offset=1, length=2),
+        "SampledProvenanceSpan": span,
+        "SampledSequence": seq,
+        "SampleResponse": T.SampleResponse(sequences=[seq], prompt_logprobs=[None, -1.0]),
+    }
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, T.TensorData):  # equality is identity, as in the official SDK
+        return a.model_dump() == b.model_dump()
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("name", [n for n in T.__all__ if dataclasses.is_dataclass(getattr(T, n))])
+def test_dataclasses_replace_and_model_copy_work_on_every_dataclass_type(name):
+    obj = _dataclass_instances()[name]  # a new dataclass type needs an instance here
+    assert type(obj) is getattr(T, name)
+    assert _same(dataclasses.replace(obj), obj)
+    assert _same(obj.model_copy(), obj)
+    for f in dataclasses.fields(obj):
+        if f.init:
+            value = getattr(obj, f.name)
+            assert _same(dataclasses.replace(obj, **{f.name: value}), obj), f.name
+            assert _same(obj.model_copy(update={f.name: value}), obj), f.name
+
+
+def test_replace_on_a_sampled_sequence_takes_the_list_forms():
+    seq = _dataclass_instances()["SampledSequence"]
+    for kwargs in ({"tokens": [7]}, {"_tokens_list": [7]}):
+        new = dataclasses.replace(seq, **kwargs)
+        assert new.tokens == [7] and new.tokens_np.tolist() == [7] and new.logprobs == seq.logprobs
+    assert dataclasses.replace(seq, logprobs=[-1.0, -2.0]).logprobs == [-1.0, -2.0]
+    assert seq.model_copy(update={"tokens": [9]}).tokens == [9]
+    resp = _dataclass_instances()["SampleResponse"]
+    assert dataclasses.replace(resp, prompt_logprobs=[None, -3.0]).prompt_logprobs == [None, -3.0]

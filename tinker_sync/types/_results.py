@@ -276,7 +276,8 @@ class SampledSequence(TinkerDataclass):
 
     Usage: ``seq.tokens`` (list), ``seq.tokens_np`` (int32 array), ``seq.logprobs``.
     The constructor also accepts the list forms ``tokens=``, ``logprobs=``, ``topk_logprobs=``
-    (and the official SDK's ``_tokens_list=`` spellings). ``sequence_id`` is None until the
+    (and the official SDK's ``_tokens_list=`` spellings); given with the array, the list wins,
+    so ``dataclasses.replace(seq, tokens=[...])`` works. ``sequence_id`` is None until the
     client stamps the id from the ``asample`` reply. A frozen stdlib dataclass, as in the
     official SDK.
 
@@ -311,17 +312,13 @@ class SampledSequence(TinkerDataclass):
         tokens = _one_of("tokens", tokens, _tokens_list)
         logprobs = _one_of("logprobs", logprobs, _logprobs_list)
         topk_logprobs = _one_of("topk_logprobs", topk_logprobs, _topk_logprobs_list)
+        # A list form wins over the array (as the official list views do), so that
+        # dataclasses.replace(seq, tokens=[...]) and model_copy(update=...) work.
         if tokens is not None:
-            if tokens_np is not None:
-                raise TypeError("SampledSequence: pass tokens or tokens_np, not both")
             tokens_np = tokens
         if logprobs is not None:
-            if logprobs_np is not None:
-                raise TypeError("SampledSequence: pass logprobs or logprobs_np, not both")
             logprobs_np = logprobs
         if topk_logprobs is not None:
-            if topk_logprobs_np is not None:
-                raise TypeError("SampledSequence: pass topk_logprobs or topk_logprobs_np")
             topk_logprobs_np = _topk_arg(topk_logprobs, "SampledSequence.topk_logprobs")
         _set(self, "stop_reason", _check_stop_reason(stop_reason, "SampledSequence.stop_reason"))
         _set(self, "sequence_id", _check_opt_str(sequence_id, "SampledSequence.sequence_id"))
@@ -451,15 +448,9 @@ class SampleResponse(TinkerDataclass):
         topk_prompt_logprobs = _one_of(
             "topk_prompt_logprobs", topk_prompt_logprobs, _topk_prompt_logprobs_list
         )
-        if prompt_logprobs is not None:
-            if prompt_logprobs_np is not None:
-                raise TypeError("SampleResponse: pass prompt_logprobs or prompt_logprobs_np")
+        if prompt_logprobs is not None:  # the list form wins (see SampledSequence)
             prompt_logprobs_np = prompt_logprobs
         if topk_prompt_logprobs is not None:
-            if topk_prompt_logprobs_np is not None:
-                raise TypeError(
-                    "SampleResponse: pass topk_prompt_logprobs or topk_prompt_logprobs_np"
-                )
             topk_prompt_logprobs_np = _topk_arg(
                 topk_prompt_logprobs, "SampleResponse.topk_prompt_logprobs"
             )
