@@ -201,17 +201,21 @@ def test_adam_and_lora_defaults():
 @pytest.mark.parametrize(
     "kwargs,fragment",
     [
-        ({"learning_rate": -0.1}, "learning_rate must be >= 0"),
-        ({"learning_rate": float("nan")}, "learning_rate must be finite"),
-        ({"learning_rate": float("inf")}, "learning_rate must be finite"),
-        ({"learning_rate": 0.1, "beta1": 1.0}, "beta1 must be in"),
-        ({"learning_rate": 0.1, "beta1": -0.1}, "beta1 must be in"),
-        ({"learning_rate": 0.1, "grad_clip_norm": float("nan")}, "grad_clip_norm must be finite"),
+        ({"learning_rate": -0.1}, "DimuonParams.learning_rate: must be >= 0"),
+        ({"learning_rate": float("nan")}, "DimuonParams.learning_rate: must be finite"),
+        ({"learning_rate": float("inf")}, "DimuonParams.learning_rate: must be finite"),
+        ({"learning_rate": 0.1, "beta1": 1.0}, "DimuonParams.beta1: must be in"),
+        ({"learning_rate": 0.1, "beta1": -0.1}, "DimuonParams.beta1: must be in"),
+        (
+            {"learning_rate": 0.1, "grad_clip_norm": float("nan")},
+            "DimuonParams.grad_clip_norm: must be finite",
+        ),
     ],
 )
 def test_dimuon_validation(kwargs, fragment):
-    with pytest.raises(ValueError, match=fragment):
+    with pytest.raises(ValueError, match=fragment) as info:
         T.DimuonParams(**kwargs)
+    assert info.value.errors()[0]["loc"] == (fragment.split(".")[1].split(":")[0],)
 
 
 def test_dimuon_valid_and_optimizer_configs():

@@ -122,3 +122,79 @@ def kind(obj: Any) -> str:
     if inspect.isroutine(obj):
         return "function"
     return "value"
+
+
+def _pydantic() -> Any:
+    import pydantic
+
+    return pydantic
+
+
+class NoSample(Exception):
+    """No plain sample value can be made for this annotation."""
+
+
+Leaf = typing.Callable[[Any], Any]
+"""Extra leaf samples: ``leaf(annotation)`` returns a value or raises :class:`NoSample`."""
+
+
+def _no_leaf(annotation: Any) -> Any:
+    raise NoSample(annotation)
+
+
+def sample_value(annotation: Any, depth: int = 0, leaf: Leaf = _no_leaf) -> Any:
+    """A plain (JSON-like) value the official type accepts for ``annotation``."""
+    if depth > 4:
+        raise NoSample(annotation)
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return sample_value(args[0], depth, leaf)
+    if annotation in (int,):
+        return 3
+    if annotation is float:
+        return 0.5
+    if annotation is str:
+        return "abc"
+    if annotation is bool:
+        return True
+    if origin is typing.Literal:
+        return args[0]
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            if arg is not type(None):
+                try:
+                    return sample_value(arg, depth + 1, leaf)
+                except NoSample:
+                    continue
+        raise NoSample(annotation)
+    if origin in (list, typing.List, typing.Sequence, __import__("collections.abc").abc.Sequence):  # noqa: UP006
+        return [
+            sample_value(args[0], depth + 1, leaf) if args else 1,
+            sample_value(args[0], depth + 1, leaf) if args else 2,
+        ]
+    if origin in (dict, typing.Dict, typing.Mapping, __import__("collections.abc").abc.Mapping):  # noqa: UP006
+        return {"k": sample_value(args[1], depth + 1, leaf) if args else 1}
+    if isinstance(annotation, type) and issubclass(annotation, _pydantic().BaseModel):
+        if annotation.__name__ == "TensorData":  # its sparse fields must agree with the data
+            return {"data": [1, 2], "dtype": "int64", "shape": [2]}
+        return model_sample(annotation, depth + 1, leaf=leaf)
+    return leaf(annotation)
+
+
+def model_sample(
+    cls: type, depth: int = 0, *, optional: bool = True, leaf: Leaf = _no_leaf
+) -> dict[str, Any]:
+    """Sample data for every field of an official model (optional ones too when possible)."""
+    out = {}
+    for name, info in cls.model_fields.items():  # type: ignore[attr-defined]
+        try:
+            out[info.alias or name] = sample_value(info.annotation, depth, leaf)
+        except NoSample:
+            if info.is_required() or not optional:
+                raise
+    if optional and depth == 0:
+        try:
+            cls.model_validate(out)  # type: ignore[attr-defined]
+        except _pydantic().ValidationError:
+            return model_sample(cls, depth, optional=False, leaf=leaf)
+    return out

@@ -10,6 +10,7 @@ mirrored in docs/migration.md ("Object-level differences"). Every entry says why
 * ``FIELDS``: ``"Type.field"`` dataclass fields tinker_sync adds.
 * ``SIGNATURES``: ``"Class.method"`` whose parameters differ from the official ones beyond the
   general rule below.
+* ``COERCIONS``: ``"Type.field"`` of a pydantic model whose accepted values differ.
 
 General rule (not entries): a tinker_sync callable may add parameters *after* all the official
 ones, if each has a default (or is ``*args`` / ``**kwargs``), because every official call still
@@ -84,6 +85,27 @@ FIELDS: dict[str, str] = {
     "PromptProvenanceSpan.type": _SPAN_TAG,
     "SampledProvenanceSpan.type": _SPAN_TAG,
 }
+
+COERCIONS: dict[str, str] = {
+    "EncodedTextChunk.tokens": "also takes a 1-D integer numpy array (kept as a read-only "
+    "array, no per-token work); the official type rejects arrays",
+    "SampleRequest.sampling_params": "a mapping with an unknown key is rejected (`SamplingParams` "
+    "rejects unknown keys, so a typo such as `max_token` fails at once); the official "
+    "`SamplingParams` ignores them",
+    "SaveWeightsForSamplerResponse.path": "one class serves the official "
+    "`SaveWeightsForSamplerResponse` and its `...Internal` reply, whose `path` may be None (an "
+    "ephemeral sampler has none)",
+    "RequestFailedResponse.category": "an unknown category becomes "
+    "`RequestErrorCategory.Unknown`, so a newer server's category never breaks the reply",
+    "SessionSearchCursor.last_created_at": "a naive datetime (or a date) is taken as UTC, as in "
+    "every tinker_sync datetime field; the official field is pydantic's `AwareDatetime`, which "
+    "rejects one",
+    "SaveWeightsExternalResponseInternal.path": "one class serves the official "
+    "`SaveWeightsExternalResponse` and its `...Internal` reply; `path` is required, as in the "
+    "public one",
+}
+"""``"Type.field"`` whose accepted values differ from the official pydantic field's
+(tests/conformance/test_coercion_conformance.py)."""
 
 _HOLDER = (
     "the official constructor takes the client's internal `InternalClientHolder`; tinker_sync's "
@@ -162,6 +184,7 @@ def every_entry() -> dict[str, str]:
         ("kind", KINDS),
         ("field", FIELDS),
         ("signature", SIGNATURES),
+        ("coercion", COERCIONS),
     ):
         for key, reason in table.items():
             out[f"{title} {key}"] = reason

@@ -24,7 +24,9 @@ from typing import Any
 import allowlist
 import numpy as np
 import pytest
+from _oracle import NoSample as _NoSample
 from _oracle import kind, public_modules, public_names, require
+from _oracle import model_sample as _model_sample
 
 tinker = require("tinker")
 official_types = require("tinker.types")
@@ -462,66 +464,6 @@ def test_objects_returned_by_creation_methods_are_awaitable(
 
 
 # -- constructors copy lists, pickling round-trips (samples built from official fields) ----------
-
-
-class _NoSample(Exception):
-    pass
-
-
-def _sample(annotation: Any, depth: int = 0) -> Any:
-    """A plain (JSON-like) value the official type accepts for ``annotation``."""
-    if depth > 4:
-        raise _NoSample(annotation)
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Annotated:
-        return _sample(args[0], depth)
-    if annotation in (int,):
-        return 3
-    if annotation is float:
-        return 0.5
-    if annotation is str:
-        return "abc"
-    if annotation is bool:
-        return True
-    if origin is typing.Literal:
-        return args[0]
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            if arg is not type(None):
-                try:
-                    return _sample(arg, depth + 1)
-                except _NoSample:
-                    continue
-        raise _NoSample(annotation)
-    if origin in (list, typing.List, typing.Sequence, __import__("collections.abc").abc.Sequence):  # noqa: UP006
-        return [
-            _sample(args[0], depth + 1) if args else 1,
-            _sample(args[0], depth + 1) if args else 2,
-        ]
-    if origin in (dict, typing.Dict, typing.Mapping, __import__("collections.abc").abc.Mapping):  # noqa: UP006
-        return {"k": _sample(args[1], depth + 1) if args else 1}
-    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
-        if annotation.__name__ == "TensorData":  # its sparse fields must agree with the data
-            return {"data": [1, 2], "dtype": "int64", "shape": [2]}
-        return _model_sample(annotation, depth + 1)
-    raise _NoSample(annotation)
-
-
-def _model_sample(cls: type, depth: int = 0, *, optional: bool = True) -> dict[str, Any]:
-    """Sample data for every field of an official model (optional ones too when possible)."""
-    out = {}
-    for name, info in cls.model_fields.items():  # type: ignore[attr-defined]
-        try:
-            out[info.alias or name] = _sample(info.annotation, depth)
-        except _NoSample:
-            if info.is_required() or not optional:
-                raise
-    if optional and depth == 0:
-        try:
-            cls.model_validate(out)  # type: ignore[attr-defined]
-        except pydantic.ValidationError:
-            return _model_sample(cls, depth, optional=False)
-    return out
 
 
 def _clear_containers(value: Any) -> None:

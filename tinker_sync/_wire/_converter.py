@@ -117,7 +117,7 @@ def _s_bool(value: Any, _: Any) -> bool:
 
 
 def _s_bytes(value: Any, _: Any) -> bytes:
-    return _check_bytes(value, "value")
+    return _check_bytes(value, "value", strict=True)
 
 
 def _s_datetime(value: Any, _: Any) -> _dt.datetime:

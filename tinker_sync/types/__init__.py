@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from tinker_sync.exceptions import RequestErrorCategory
 from tinker_sync.types._base import TinkerModel, TinkerRequest
+from tinker_sync.types._coerce import ValidationError
 from tinker_sync.types._datum import (
     LOSS_FN_INPUT_DTYPES,
     LOSS_FN_TYPES,
@@ -536,6 +537,7 @@ __all__ = [
     "UnloadModelResponse",
     "UntypedAPIFuture",
     "UserSearchOwner",
+    "ValidationError",
     "WeightsInfoRequest",
     "WeightsInfoResponse",
     "WhoamiResponse",

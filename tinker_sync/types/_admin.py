@@ -81,7 +81,7 @@ class UserSearchOwner(TinkerRequest):
     """Search the sessions of 1 to 10 named users."""
 
     type: Literal["user"] = "user"
-    owner_urns: list[str]
+    owner_urns: list[str] = attrs.field(metadata={"min_length": 1, "max_length": 10})
 
 
 SearchOwner: TypeAlias = OwnSearchOwner | AccessibleSearchOwner | UserSearchOwner
@@ -113,7 +113,7 @@ class ClientFinishedSessionStatusQuery(TinkerRequest):
     """Match sessions the client finished (optionally only for some reasons)."""
 
     type: Literal["client_finished"] = "client_finished"
-    reasons: list[FinishReasonType] | None = None
+    reasons: list[FinishReasonType] | None = attrs.field(default=None, metadata={"min_length": 1})
 
 
 SessionStatusQuery: TypeAlias = (
@@ -139,10 +139,12 @@ class SessionSearchRequest(TinkerRequest):
     session_id: str | None = None
     project_ids: list[str] | None = None
     user_metadata: dict[str, str] = attrs.field(factory=dict)
-    display_name: str | None = None
+    display_name: str | None = attrs.field(default=None, metadata={"min_length": 1})
     owner: SearchOwner = attrs.field(factory=OwnSearchOwner)
-    statuses: list[SessionStatusQuery] | None = None
-    limit: int = 50
+    statuses: list[SessionStatusQuery] | None = attrs.field(
+        default=None, metadata={"min_length": 1}
+    )
+    limit: int = attrs.field(default=50, metadata={"ge": 1, "le": 200})
     cursor: SessionSearchCursor | None = None
 
 

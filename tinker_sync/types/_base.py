@@ -20,13 +20,21 @@ import json as _json
 import re
 import types as _types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeVar, Union
 
 import attrs
 import numpy as np
 
-from tinker_sync.types._coerce import Invalid, ValidationError, to_bool, to_float, to_int, to_str
+from tinker_sync.types._coerce import (
+    Invalid,
+    ValidationError,
+    to_bool,
+    to_float,
+    to_int,
+    to_str,
+    to_timestamp,
+)
 
 __all__ = [
     "FieldInfo",
@@ -41,6 +49,7 @@ __all__ = [
 ]
 
 _M = TypeVar("_M", bound="TinkerModel")
+_MISSING: Any = object()
 _UTC = _dt.timezone.utc
 _NONE_TYPE = type(None)
 
@@ -271,12 +280,7 @@ def _converter_check(fn: Callable[[Any], Any]) -> "Check":
         except ValidationError:
             raise
         except (TypeError, ValueError) as exc:
-            kind = "value_error" if isinstance(exc, ValueError) else "type_error"
-            text = str(exc)
-            named = _NAMED.match(text)  # "Cls.field[3]: message": keep the finer path
-            if named is not None and named.group(1).startswith(path):
-                path, text = named.group(1), named.group(2)
-            raise ValidationError.single(path, kind, text, value, got=False) from None
+            raise _as_validation_error(path, exc, value) from None
 
     return check
 
@@ -427,14 +431,14 @@ def _check_bool(value: Any, path: str) -> bool:
         raise _invalid(path, exc, value) from None
 
 
-def _check_bytes(value: Any, path: str) -> bytes:
+def _check_bytes(value: Any, path: str, strict: bool = False) -> bytes:
     if type(value) is bytes:
         return value
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, str):
         try:
-            return base64.b64decode(value, validate=True)
+            return base64.b64decode(value, validate=strict)  # the official types: lenient
         except (binascii.Error, ValueError) as exc:
             raise ValidationError.single(
                 path, "value_error", f"invalid base64 string: {exc}", value, got=False
@@ -473,9 +477,18 @@ def parse_datetime(value: str, path: str) -> _dt.datetime:
 def _check_datetime(value: Any, path: str) -> _dt.datetime:
     if isinstance(value, _dt.datetime):
         return to_utc(value)
-    if isinstance(value, str):
+    try:
+        stamp = to_timestamp(value)  # pydantic's rule: a number is a Unix time
+    except Invalid as exc:
+        raise _invalid(path, exc, value) from None
+    if stamp is None:
         return parse_datetime(value, path)
-    raise _bad_type(path, "datetime", value, "datetime_type")
+    try:
+        return _dt.datetime.fromtimestamp(stamp, _UTC)
+    except (OverflowError, OSError, ValueError):
+        raise ValidationError.single(
+            path, "datetime_parsing", "Input should be a valid datetime", value
+        ) from None
 
 
 def _any(value: Any, path: str) -> Any:
@@ -483,25 +496,27 @@ def _any(value: Any, path: str) -> Any:
 
 
 def _literal_check(values: tuple[Any, ...]) -> Check:
-    """Pydantic's literal rule: a str literal takes equal strs (str enums too); an int literal
-    takes what the int rule turns into it (``1.0``, ``True``, numpy ints; never a str)."""
-    ints = [v for v in values if type(v) is int]
+    """Pydantic's literal rule: a str literal takes an equal str (str enums and numpy strs
+    too); other literals take a value that hashes and compares equal (``1.0``, ``True`` and
+    numpy ints for ``1``; never ``"1"``)."""
+    strs = frozenset(v for v in values if type(v) is str)
+    lookup = {v: v for v in values if type(v) is not str}
 
     def check(value: Any, path: str) -> Any:
         for allowed in values:
-            if value == allowed and type(value) is type(allowed):
+            if type(value) is type(allowed) and value == allowed:
                 return allowed
         if isinstance(value, str):
-            for allowed in values:
-                if type(allowed) is str and value == allowed:
-                    return allowed
-        elif ints and not isinstance(value, (bytes, bytearray)):
+            text = str(value.value) if isinstance(value, enum.Enum) else str.__str__(value)
+            if text in strs:
+                return text
+        elif lookup:
             try:
-                number = to_int(value)
-            except Invalid:
-                number = None
-            if number is not None and number in ints:
-                return number
+                hit = lookup.get(value, _MISSING)
+            except TypeError:  # unhashable
+                hit = _MISSING
+            if hit is not _MISSING:
+                return hit
         raise ValidationError.single(
             path,
             "literal_error",
@@ -522,10 +537,20 @@ def _optional(inner: Check) -> Check:
     return check
 
 
-def _list_check(inner: Check) -> Check:
+def _list_check(inner: Check, sequence: bool = False) -> Check:
+    """Pydantic's list rule: a ``list[X]`` takes any iterable but a str, bytes or mapping (a
+    set, a generator, a numpy array); a ``Sequence[X]`` takes sequences only."""
+
     def check(value: Any, path: str) -> list[Any]:
         if not isinstance(value, (list, tuple)):
-            raise _bad_type(path, "list", value)
+            if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(
+                value, Sequence if sequence else Iterable
+            ):
+                raise _bad_type(path, "list", value, "list_type")
+            try:
+                value = list(value)
+            except TypeError:  # a 0-d array or tensor
+                raise _bad_type(path, "list", value, "list_type") from None
         if inner is _any:
             return list(value)
         return [inner(v, f"{path}[{i}]") for i, v in enumerate(value)]
@@ -659,7 +684,7 @@ def check_for(tp: Any) -> Check:
         inner = check_for(non_none[0]) if len(non_none) == 1 else _union_check(non_none)
         return _optional(inner) if len(non_none) != len(args) else inner
     if origin in (list, Sequence) and args:
-        return _list_check(check_for(args[0]))
+        return _list_check(check_for(args[0]), sequence=origin is Sequence)
     if origin in (dict, Mapping) and len(args) == 2:
         return _dict_check(check_for(args[0]), check_for(args[1]))
     if isinstance(tp, type):
@@ -693,29 +718,88 @@ def check_for(tp: Any) -> Check:
 
 
 def checked(cls: type, fields: "list[attrs.Attribute[Any]]") -> "list[attrs.Attribute[Any]]":
-    """attrs ``field_transformer``: give every field without a converter a strict check."""
+    """attrs ``field_transformer``: every field gets its check (from its annotation, or its own
+    converter), the constraints in its metadata (``ge``, ``gt``, ``le``, ``lt``,
+    ``min_length``, ``max_length``) and errors as :class:`ValidationError`."""
     out: list[attrs.Attribute[Any]] = []
     for a in fields:
-        if a.converter is not None and a.metadata.get("check") is not False:
-            check = _converter_check(a.converter)  # type: ignore[arg-type]
-            path = f"{cls.__name__}.{a.name}"
-
-            def convert_(value: Any, _check: Check = check, _path: str = path) -> Any:
-                return _check(value, _path)
-
-            out.append(a.evolve(converter=convert_))
-            continue
-        if a.converter is not None or a.metadata.get("check") is False or a.type is None:
-            out.append(a)
-            continue
-        check = check_for(a.type)
-        if check is _any:
+        if a.metadata.get("check") is False:
             out.append(a)
             continue
         path = f"{cls.__name__}.{a.name}"
+        if a.converter is not None:
+            check = _converter_check(a.converter)  # type: ignore[arg-type]
+        else:
+            check = _any if a.type is None else check_for(a.type)
+        check = _constrained(check, a.metadata)
+        changes: dict[str, Any] = {}
+        if check is not _any:
 
-        def convert(value: Any, _check: Check = check, _path: str = path) -> Any:
-            return _check(value, _path)
+            def convert(value: Any, _check: Check = check, _path: str = path) -> Any:
+                return _check(value, _path)
 
-        out.append(a.evolve(converter=convert))
+            changes["converter"] = convert
+        if a.validator is not None:
+            changes["validator"] = _validator_check(a.validator, path)
+        out.append(a.evolve(**changes) if changes else a)
     return out
+
+
+def _as_validation_error(path: str, exc: Exception, value: Any) -> ValidationError:
+    """A check's plain ``TypeError`` / ``ValueError`` as a ValidationError of ``path``."""
+    kind = "value_error" if isinstance(exc, ValueError) else "type_error"
+    text = str(exc)
+    named = _NAMED.match(text)  # "Cls.field[3]: message": keep the finer path
+    if named is not None and named.group(1).startswith(path):
+        path, text = named.group(1), named.group(2)
+    elif text.startswith(path):
+        text = text[len(path) :].lstrip(" :")
+    return ValidationError.single(path, kind, text, value, got=False)
+
+
+def _validator_check(validator: Any, path: str) -> Any:
+    def validate(inst: Any, attribute: Any, value: Any) -> None:
+        try:
+            validator(inst, attribute, value)
+        except ValidationError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise _as_validation_error(path, exc, value) from None
+
+    return validate
+
+
+_BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str, str]] = {
+    "ge": (lambda v, b: v >= b, "greater_than_equal", "greater than or equal to"),
+    "gt": (lambda v, b: v > b, "greater_than", "greater than"),
+    "le": (lambda v, b: v <= b, "less_than_equal", "less than or equal to"),
+    "lt": (lambda v, b: v < b, "less_than", "less than"),
+}
+
+
+def _constrained(check: Check, meta: Mapping[str, Any]) -> Check:
+    """``check`` plus pydantic's ``Field`` constraints named in a field's metadata."""
+    bounds = [(key, meta[key]) for key in _BOUNDS if key in meta]
+    min_len, max_len = meta.get("min_length"), meta.get("max_length")
+    if not bounds and min_len is None and max_len is None:
+        return check
+
+    def constrained(value: Any, path: str) -> Any:
+        value = check(value, path)
+        if value is None:
+            return None
+        for key, bound in bounds:
+            ok, kind, words = _BOUNDS[key]
+            if not ok(value, bound):
+                raise ValidationError.single(path, kind, f"Input should be {words} {bound}", value)
+        if min_len is not None and len(value) < min_len:
+            raise ValidationError.single(
+                path, "too_short", f"Value should have at least {min_len} item(s)", value
+            )
+        if max_len is not None and len(value) > max_len:
+            raise ValidationError.single(
+                path, "too_long", f"Value should have at most {max_len} item(s)", value
+            )
+        return value
+
+    return constrained

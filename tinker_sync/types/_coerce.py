@@ -31,7 +31,15 @@ import operator
 import re
 from typing import Any
 
-__all__ = ["Invalid", "ValidationError", "to_bool", "to_float", "to_int", "to_str"]
+__all__ = [
+    "Invalid",
+    "ValidationError",
+    "to_bool",
+    "to_float",
+    "to_int",
+    "to_str",
+    "to_timestamp",
+]
 
 _MESSAGES = {
     "int_type": "Input should be a valid integer",
@@ -45,6 +53,8 @@ _MESSAGES = {
     "bool_parsing": "Input should be a valid boolean, unable to interpret input",
     "string_type": "Input should be a valid string",
     "string_unicode": "Input should be a valid string, unable to parse raw data as a unicode string",
+    "datetime_type": "Input should be a valid datetime",
+    "datetime_parsing": "Input should be a valid datetime",
 }
 
 
@@ -292,3 +302,32 @@ def to_str(value: Any) -> str:
     if isinstance(value, (bytes, bytearray)):
         return _decode(bytes(value))
     raise Invalid("string_type")
+
+
+_TIMESTAMP_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+_MS_THRESHOLD = 2e10
+"""A larger number is a Unix time in milliseconds, as in pydantic."""
+
+
+def to_timestamp(value: Any) -> float | None:
+    """The Unix time a number (or numeric str / bytes) stands for, as pydantic reads one; None
+    for a str that is not a number (parse it as ISO 8601). Raises :class:`Invalid`."""
+    if isinstance(value, bool):
+        raise Invalid("datetime_type")
+    if isinstance(value, (str, bytes)):
+        text = _decode(value) if isinstance(value, bytes) else value
+        if not _TIMESTAMP_TEXT.fullmatch(text):
+            if isinstance(value, bytes):
+                raise Invalid("datetime_parsing")
+            return None
+        number = float(text)
+    elif isinstance(value, (int, float)):
+        number = float(value)
+    else:
+        found = None if isinstance(value, (bytearray, complex)) else _as_number(value)
+        if found is None:
+            raise Invalid("datetime_type")
+        number = float(found)
+    if not math.isfinite(number):
+        raise Invalid("datetime_parsing")
+    return number / 1000 if abs(number) > _MS_THRESHOLD else number

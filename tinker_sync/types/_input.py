@@ -45,7 +45,7 @@ def _tokens(value: Any) -> Sequence[int]:
             value = value.copy()
             value.flags.writeable = False
         return cast(Sequence[int], value)
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Sequence):
         raise TypeError(
             f"EncodedTextChunk.tokens: expected a sequence of ints, got {type(value).__name__}"
         )

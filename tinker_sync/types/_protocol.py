@@ -14,6 +14,7 @@ import attrs
 
 from tinker_sync.exceptions import RequestErrorCategory
 from tinker_sync.types._base import TinkerModel, TinkerRequest, checked
+from tinker_sync.types._coerce import ValidationError
 from tinker_sync.types._input import ModelInput
 from tinker_sync.types._params import (
     AdamOptimizerConfig,
@@ -302,12 +303,18 @@ class OptimStepRequest(TinkerRequest):
     ) -> None:
         given = [p for p in (optim_params, adam_params, optimizer_params) if p is not None]
         if len(given) != 1:
-            raise TypeError(
+            raise ValidationError.single(
+                "OptimStepRequest.optim_params",
+                "missing" if not given else "value_error",
                 "OptimStepRequest needs exactly one of optim_params, adam_params or "
-                "optimizer_params"
+                "optimizer_params",
+                None,
+                got=False,
             )
         if adam_params is not None and not isinstance(adam_params, (AdamParams, Mapping)):
-            raise TypeError("OptimStepRequest.adam_params must be AdamParams")
+            raise ValidationError.single(
+                "OptimStepRequest.adam_params", "model_type", "expected AdamParams", adam_params
+            )
         self.__attrs_init__(optim_params=given[0], model_id=model_id, seq_id=seq_id, type=type)
 
     def _tinker_dump(self, json: bool, drop_none: bool, wire: bool) -> dict[str, Any]:
