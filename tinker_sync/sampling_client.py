@@ -93,6 +93,7 @@ from tinker_sync.types import (
     SamplingParams,
     TensorData,
 )
+from tinker_sync.types._base import accept
 
 if TYPE_CHECKING:
     from tinker_sync._session.state import Session
@@ -105,6 +106,8 @@ log = logging.getLogger("tinker_sync.sampling")
 def _estimate(prompt: ModelInput) -> int:
     from tinker_sync._wire._estimates import estimate_prompt_bytes
 
+    if not isinstance(prompt, ModelInput):  # an official tinker.ModelInput (checked before)
+        prompt = accept(prompt, ModelInput, "prompt")
     return estimate_prompt_bytes(prompt)
 
 
@@ -402,12 +405,10 @@ class SamplingClient:
         prompt_alt_tokens_k: int,
         prompt_logprobs_last_n: int | None,
     ) -> dict[str, Any]:
-        if not isinstance(prompt, ModelInput):
-            raise TypeError(f"prompt must be a ModelInput, got {type(prompt).__name__}")
+        if not isinstance(prompt, ModelInput):  # official tinker objects are converted
+            prompt = accept(prompt, ModelInput, "prompt")
         if not isinstance(sampling_params, SamplingParams):
-            raise TypeError(
-                f"sampling_params must be a SamplingParams, got {type(sampling_params).__name__}"
-            )
+            sampling_params = accept(sampling_params, SamplingParams, "sampling_params")
         check_sampling_params(sampling_params)
         _check_int("num_samples", num_samples, minimum=1)
         _check_int("topk_prompt_logprobs", topk_prompt_logprobs, minimum=0)
@@ -433,7 +434,9 @@ class SamplingClient:
         }
         if target_prompt_logprobs is not None:
             if not isinstance(target_prompt_logprobs, TensorData):
-                raise TypeError("target_prompt_logprobs must be a TensorData")
+                target_prompt_logprobs = accept(
+                    target_prompt_logprobs, TensorData, "target_prompt_logprobs"
+                )
             shape = target_prompt_logprobs.shape
             if (
                 target_prompt_logprobs.dtype != "int64"

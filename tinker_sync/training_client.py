@@ -62,6 +62,7 @@ from tinker_sync.types import (
     UntypedAPIFuture,
     validate_loss_fn,
 )
+from tinker_sync.types._base import accept
 
 if TYPE_CHECKING:
     from tinker_sync._sampling.retry import RetryConfig
@@ -300,8 +301,8 @@ class TrainingClient:
         if not data:
             raise ValueError("data must contain at least one Datum")
         for i, datum in enumerate(data):
-            if not isinstance(datum, Datum):
-                raise TypeError(f"data[{i}] must be a Datum, got {type(datum).__name__}")
+            if not isinstance(datum, Datum):  # an official tinker.Datum is converted
+                data[i] = accept(datum, Datum, f"data[{i}]")
         validate_loss_fn(loss_fn)
         if loss_fn_config is not None:
             if not isinstance(loss_fn_config, Mapping):
@@ -489,9 +490,7 @@ class TrainingClient:
             if params is None:
                 raise TypeError("optim_step() needs optim_params (AdamParams or DimuonParams)")
             if not isinstance(params, (AdamParams, DimuonParams)):
-                raise TypeError(
-                    f"optim_params must be AdamParams or DimuonParams, got {type(params).__name__}"
-                )
+                params = accept(params, (AdamParams, DimuonParams), "optim_params")
             key = "adam_params" if isinstance(params, AdamParams) else "optimizer_params"
             params_json = to_json(params)
 

@@ -25,6 +25,7 @@ from tinker_sync._futures import APIFuture
 from tinker_sync._training.chunkgroup import ChunkGroup
 from tinker_sync._transport import current_sdk_method
 from tinker_sync.types import Datum, ForwardBackwardOutput, TensorData
+from tinker_sync.types._base import accept
 
 if TYPE_CHECKING:
     from tinker_sync.training_client import TrainingClient
@@ -84,9 +85,9 @@ def submit_custom_loss(
     client._check_usable()
     if not isinstance(data, list) or not data:
         raise ValueError("data must be a non-empty list of Datum")
-    for i, datum in enumerate(data):
-        if not isinstance(datum, Datum):
-            raise TypeError(f"data[{i}] must be a Datum, got {type(datum).__name__}")
+    data = [
+        d if isinstance(d, Datum) else accept(d, Datum, f"data[{i}]") for i, d in enumerate(data)
+    ]
     fwd_data = [_forward_datum(d) for d in data]
     server = client._session.server
     ranges = chunk_ranges(

@@ -387,7 +387,9 @@ def _short(value: Any) -> str:
 
 
 def _bad_type(path: str, expected: str, value: Any, kind: str = "type_error") -> ValidationError:
-    text = f"expected {expected}, got {type(value).__name__} {_short(value)}"
+    t = type(value)
+    got = describe_type(value) if t.__name__ == expected or is_official(value) else t.__name__
+    text = f"expected {expected}, got {got} {_short(value)}"
     return ValidationError.single(path, kind, text, value, got=False)
 
 
@@ -593,9 +595,96 @@ def _model_check(cls: type[TinkerModel]) -> Check:
             return value
         if isinstance(value, Mapping):
             return _model_from_mapping(cls, value, path)
+        converted = from_official(value, (cls,), path)
+        if converted is not _MISSING:
+            return converted
         raise _bad_type(path, cls.__name__, value)
 
     return check
+
+
+# -- objects of the official ``tinker`` package ---------------------------------------------
+
+_OFFICIAL = "tinker"
+
+
+def is_official(value: Any) -> bool:
+    """Whether ``value`` is an object of the official ``tinker`` package's types."""
+    module = type(value).__module__
+    return module == _OFFICIAL or module.startswith(_OFFICIAL + ".")
+
+
+def _official_name(value: Any) -> str:
+    t = type(value)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def from_official(value: Any, classes: tuple[type, ...], path: str) -> Any:
+    """An official ``tinker`` object converted to the one of ``classes`` with its class name.
+
+    Pydantic models go through their public ``model_dump()``, stdlib dataclasses through their
+    public fields (docs/migration.md#mixed-packages). Returns ``_MISSING`` for any other value;
+    raises ValidationError, naming both packages, when the object cannot be converted.
+    """
+    if not is_official(value):
+        return _MISSING
+    name = type(value).__name__
+    cls = next((c for c in classes if c.__name__ == name), None)
+    if cls is None:
+        return _MISSING
+    try:
+        if hasattr(value, "model_dump") and not dataclasses.is_dataclass(value):
+            data = value.model_dump()
+        elif dataclasses.is_dataclass(value):
+            data = {
+                f.name: getattr(value, f.name)
+                for f in dataclasses.fields(value)
+                if f.init and not f.name.startswith("_")
+            }
+            if name == "TensorData":  # its values are a property, not a field
+                data["data"] = getattr(value, "data")  # noqa: B009
+        else:
+            return _MISSING
+        return cls.model_validate(data)  # type: ignore[attr-defined]
+    except (TypeError, ValueError) as exc:
+        raise ValidationError.single(
+            path,
+            "official_object",
+            f"got {_official_name(value)} from the official `tinker` package, which could not be "
+            f"converted to tinker_sync.types.{name} ({exc}); build it with tinker_sync.types "
+            "instead (or run the program under `tinker-sync exec` so `tinker` is tinker_sync)",
+            value,
+            got=False,
+        ) from None
+
+
+def accept(value: Any, classes: "type[_M] | tuple[type[_M], ...]", what: str) -> _M:
+    """``value`` if it is one of ``classes``, an official ``tinker`` object converted, or a
+    ``TypeError`` (a ValidationError) saying what was expected, naming the package if foreign.
+
+    Usage: ``datum = accept(datum, Datum, "data[0]")`` at a client's entry point.
+    """
+    wanted = classes if isinstance(classes, tuple) else (classes,)
+    if isinstance(value, wanted):
+        return value
+    converted = from_official(value, wanted, "." + what)
+    if converted is not _MISSING:
+        return converted  # type: ignore[no-any-return]
+    names = " or ".join(c.__name__ for c in wanted)
+    raise ValidationError.single(
+        "." + what, "model_type", f"expected {names}, got {describe_type(value)}", value, got=False
+    )
+
+
+def describe_type(value: Any) -> str:
+    """The type of ``value`` for a message; module-qualified when it is not a builtin, so an
+    official ``tinker.Datum`` never reads like ``Datum``."""
+    t = type(value)
+    if t.__module__ == "builtins":
+        return t.__name__
+    if is_official(value):
+        return f"{_official_name(value)} (from the official `tinker` package)"
+    return f"{t.__module__}.{t.__qualname__}"
 
 
 def tag_of(cls: type) -> tuple[str, Any] | None:
@@ -630,6 +719,10 @@ def _union_check(members: tuple[Any, ...]) -> Check:
         for c in classes:
             if isinstance(value, c):
                 return value
+        if classes and not isinstance(value, Mapping):
+            converted = from_official(value, tuple(classes), path)
+            if converted is not _MISSING:
+                return converted
         if isinstance(value, Mapping) and classes:
             if tag_field is not None and value.get(tag_field) in tags:
                 return _model_from_mapping(tags[value[tag_field]], value, path)

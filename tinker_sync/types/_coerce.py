@@ -98,7 +98,7 @@ class ValidationError(ValueError, TypeError):
         lines = []
         for e, note in zip(errors, self._notes, strict=True):
             where = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in e["loc"])
-            lines.append(f"{title}{where}: {e['msg']}{note}")
+            lines.append(f"{title}{where if title else where.lstrip('.')}: {e['msg']}{note}")
         super().__init__("; ".join(lines))
 
     def errors(self) -> list[dict[str, Any]]:

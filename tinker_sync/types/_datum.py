@@ -7,11 +7,11 @@ import dataclasses
 import sys
 import typing
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
 import numpy as np
 
-from tinker_sync.types._base import TinkerDataclass, TinkerRequest
+from tinker_sync.types._base import _MISSING, TinkerDataclass, TinkerRequest, from_official
 from tinker_sync.types._input import ImageAssetPointerChunk, ModelInput
 from tinker_sync.types._tensor import TensorData, TensorDtype
 
@@ -107,6 +107,9 @@ def coerce_loss_fn_input(key: str, value: Any) -> TensorData:
     """
     if isinstance(value, TensorData):
         return value
+    converted = from_official(value, (TensorData,), f"loss_fn_inputs[{key!r}]")
+    if converted is not _MISSING:
+        return cast(TensorData, converted)
     if isinstance(value, np.ndarray):
         try:
             return TensorData.from_numpy(value)
