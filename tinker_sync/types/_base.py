@@ -820,18 +820,21 @@ def checked(cls: type, fields: "list[attrs.Attribute[Any]]") -> "list[attrs.Attr
             out.append(a)
             continue
         path = f"{cls.__name__}.{a.name}"
-        if a.converter is not None:
-            check = _converter_check(a.converter)  # type: ignore[arg-type]
-        else:
-            check = _any if a.type is None else check_for(a.type)
-        check = _constrained(check, a.metadata)
         changes: dict[str, Any] = {}
-        if check is not _any:
+        if a.converter is not None and not _has_constraints(a.metadata):
+            changes["converter"] = _own_converter(a.converter, path)  # type: ignore[arg-type]
+        else:
+            if a.converter is not None:
+                check = _converter_check(a.converter)  # type: ignore[arg-type]
+            else:
+                check = _any if a.type is None else check_for(a.type)
+            check = _constrained(check, a.metadata)
+            if check is not _any:
 
-            def convert(value: Any, _check: Check = check, _path: str = path) -> Any:
-                return _check(value, _path)
+                def convert(value: Any, _check: Check = check, _path: str = path) -> Any:
+                    return _check(value, _path)
 
-            changes["converter"] = convert
+                changes["converter"] = convert
         if a.validator is not None:
             changes["validator"] = _validator_check(a.validator, path)
         out.append(a.evolve(**changes) if changes else a)
@@ -848,6 +851,24 @@ def _as_validation_error(path: str, exc: Exception, value: Any) -> ValidationErr
     elif text.startswith(path):
         text = text[len(path) :].lstrip(" :")
     return ValidationError.single(path, kind, text, value, got=False)
+
+
+def _own_converter(fn: Callable[[Any], Any], path: str) -> Callable[[Any], Any]:
+    """A field's own converter, its plain errors turned into ValidationError (one frame)."""
+
+    def convert(value: Any) -> Any:
+        try:
+            return fn(value)
+        except ValidationError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise _as_validation_error(path, exc, value) from None
+
+    return convert
+
+
+def _has_constraints(meta: Mapping[str, Any]) -> bool:
+    return any(key in meta for key in (*_BOUNDS, "min_length", "max_length"))
 
 
 def _validator_check(validator: Any, path: str) -> Any:

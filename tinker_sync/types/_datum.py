@@ -107,9 +107,6 @@ def coerce_loss_fn_input(key: str, value: Any) -> TensorData:
     """
     if isinstance(value, TensorData):
         return value
-    converted = from_official(value, (TensorData,), f"loss_fn_inputs[{key!r}]")
-    if converted is not _MISSING:
-        return cast(TensorData, converted)
     if isinstance(value, np.ndarray):
         try:
             return TensorData.from_numpy(value)
@@ -148,6 +145,9 @@ def coerce_loss_fn_input(key: str, value: Any) -> TensorData:
         if arr.size == 0 and arr.ndim == 1:
             return TensorData(data=[], dtype=dtype, shape=[0])
         return TensorData.from_numpy(arr.astype(np.int64 if dtype == "int64" else np.float32))
+    converted = from_official(value, (TensorData,), f"loss_fn_inputs[{key!r}]")
+    if converted is not _MISSING:  # an official tinker.TensorData
+        return cast(TensorData, converted)
     raise TypeError(
         f"loss_fn_inputs[{key!r}]: unsupported value type {type(value).__name__}; use a list, "
         "numpy array, torch tensor or TensorData"
