@@ -7,6 +7,7 @@ import datetime as dt
 import pickle
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import attrs
@@ -1397,3 +1398,14 @@ def test_replace_on_a_sampled_sequence_takes_the_list_forms():
     assert seq.model_copy(update={"tokens": [9]}).tokens == [9]
     resp = _dataclass_instances()["SampleResponse"]
     assert dataclasses.replace(resp, prompt_logprobs=[None, -3.0]).prompt_logprobs == [None, -3.0]
+
+
+def test_validation_errors_pickle_even_with_an_unpicklable_input():
+    with pytest.raises(ValueError) as info:
+        T.ModelInput(chunks=(x for x in [5]))  # a generator: iterated, then rejected per item
+    again = pickle.loads(pickle.dumps(info.value))
+    assert str(again) == str(info.value) and again.errors()[0]["loc"] == ("chunks", 0)
+    with pytest.raises(ValueError) as info:
+        T.LoraConfig(rank=threading.Lock())  # type: ignore[arg-type]
+    again = pickle.loads(pickle.dumps(info.value))
+    assert again.errors()[0]["input"] == repr(info.value.errors()[0]["input"])

@@ -1,9 +1,12 @@
-"""Shared machinery of the public types: strict field checks, dumping, pydantic-style helpers.
+"""Shared machinery of the public types: field checks, dumping, pydantic-style helpers.
 
-Every public type is a frozen, keyword-only attrs class built with ``field_transformer=checked``,
-which derives a strict converter for each field from its annotation (``int`` rejects ``bool`` and
-``1.9``, ``float`` widens ints to floats, ``str`` rejects numbers, nested models accept a mapping).
-Errors name the field: ``TypeError("SamplingParams.top_k: expected int, got float 1.5")``.
+Every public type is a frozen, keyword-only attrs class built with ``field_transformer=checked``
+(or a stdlib dataclass checked in ``__post_init__``), which derives a check for each field from
+its annotation. Values follow pydantic v2's lax rules (``_coerce``, docs/migration.md#coercion):
+``512 / 2`` becomes the int 256, ``"3e-4"`` a float, ``1.5`` for an int is rejected; nested
+models accept a mapping, and an object of the official ``tinker`` package is converted
+(:func:`from_official`). Errors are :class:`ValidationError` naming the field path:
+``SamplingParams.top_k: Input should be a valid integer, ...``.
 
 Dumping (``model_dump`` / ``to_json``) is done by :func:`dump`, a small recursive engine that
 knows numpy arrays, bytes (base64 in JSON), datetimes (ISO 8601) and enums.

@@ -28,6 +28,7 @@ import decimal
 import enum
 import math
 import operator
+import pickle
 import re
 from typing import Any
 
@@ -65,6 +66,15 @@ class Invalid(Exception):
         super().__init__(kind)
         self.kind = kind
         self.msg = msg if msg is not None else _MESSAGES.get(kind, kind)
+
+
+def _picklable(value: Any) -> Any:
+    """``value``, or its short repr when it cannot be pickled (a generator, a lock)."""
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return _short(value)
+    return value
 
 
 def _short(value: Any) -> str:
@@ -110,7 +120,8 @@ class ValidationError(ValueError, TypeError):
         return len(self._errors)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ValidationError, (self.title, self._errors, self._notes))
+        errors = [dict(e, input=_picklable(e["input"])) for e in self._errors]
+        return (ValidationError, (self.title, errors, self._notes))
 
     @classmethod
     def single(
