@@ -32,6 +32,8 @@ import pickle
 import re
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "Invalid",
     "ValidationError",
@@ -174,8 +176,7 @@ _I64_BOUND = 2.0**63
 
 def _is_array(value: Any) -> bool:
     """A numpy array with at least one dimension (pydantic rejects those as scalars)."""
-    ndim = getattr(value, "ndim", 0)
-    return type(value).__name__ == "ndarray" and bool(ndim)
+    return isinstance(value, np.ndarray) and value.ndim > 0
 
 
 def _decode(value: bytes) -> str:
@@ -208,6 +209,8 @@ def _as_number(value: Any) -> int | float | None:
     """A foreign scalar (numpy, torch, ``__index__`` / ``__float__``) as an int or float."""
     if _is_array(value):
         return None
+    if isinstance(value, np.bool_):  # numpy < 2 warns when one is used as an index
+        return int(value)
     try:
         return operator.index(value)
     except (TypeError, ValueError, RuntimeError):
