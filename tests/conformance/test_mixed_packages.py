@@ -84,3 +84,10 @@ def test_a_wrong_official_object_names_both_packages(service: Any) -> None:
     assert info.value.errors()[0]["loc"] == ("data", 0)
     with pytest.raises(ValueError, match="official `tinker` package"):
         T.ModelInput(chunks=[_official_datum()])
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")
+def test_an_official_object_that_cannot_be_converted_names_both_packages() -> None:
+    broken = OT.SamplingParams.model_construct(max_tokens="many")  # pydantic skips validation
+    with pytest.raises(ValueError, match=r"tinker\..*SamplingParams.*official `tinker` package"):
+        T.SampleRequest(prompt=T.ModelInput.from_ints([1]), sampling_params=broken)
