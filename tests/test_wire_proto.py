@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tinker_sync._wire import _jsonresults, _pbwire, _proto, _zstd
 from tinker_sync._wire import tinker_public_pb2 as pb
 from tinker_sync.local import _protocodec as server_codec
+from tinker_sync.local._wirecodec import decompress_body
 from tinker_sync.local.backends.base import SampledSeq, SampleResult
 from tinker_sync.types import (
     Datum,
@@ -265,16 +266,16 @@ def test_maybe_compress() -> None:
     compressed, headers = _zstd.maybe_compress(body, True)
     assert headers == {"Content-Encoding": "zstd"}
     assert zstandard.ZstdDecompressor().decompress(compressed) == body
-    assert _zstd.decompress_body(compressed, "zstd") == body
-    assert _zstd.decompress_body(body, None) == body
-    assert _zstd.decompress_body(body, "identity") == body
+    assert decompress_body(compressed, "zstd") == body
+    assert decompress_body(body, None) == body
+    assert decompress_body(body, "identity") == body
     with pytest.raises(ValueError, match="Content-Encoding"):
-        _zstd.decompress_body(body, "br")
+        decompress_body(body, "br")
     with pytest.raises(ValueError, match="zstd"):
-        _zstd.decompress_body(b"not zstd", "zstd")
+        decompress_body(b"not zstd", "zstd")
     with pytest.raises(ValueError, match="inflates beyond"):
-        _zstd.decompress_body(compressed, "ZSTD", max_size=len(body) - 1)
-    assert _zstd.decompress_body(compressed, " zstd ", max_size=len(body)) == body
+        decompress_body(compressed, "ZSTD", max_size=len(body) - 1)
+    assert decompress_body(compressed, " zstd ", max_size=len(body)) == body
 
 
 # ============================================================== request decoder (server)

@@ -37,6 +37,7 @@ import attrs
 
 from tinker_sync._config import Timeout
 from tinker_sync._runtime.fork import make_lock
+from tinker_sync._wire._headers import ADVERT_HEADER, HOLD_HEADER
 
 __all__ = [
     "ADVERT_HEADER",
@@ -49,8 +50,6 @@ __all__ = [
     "PollPlan",
 ]
 
-ADVERT_HEADER = "x-tinker-poll-hold-max"
-HOLD_HEADER = "X-Tinker-Poll-Hold"
 LEGACY_TIMEOUT = Timeout(45.0, connect=5.0)
 #: How much later than the hold an answer may come before the poll counts as lost.
 MARGIN_S = 2.0

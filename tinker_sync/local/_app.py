@@ -438,9 +438,7 @@ class TinkerApp:
         if "proto_summary" not in request.meta:
             summary: dict[str, Any] | None = None
             try:
-                from tinker_sync._wire._zstd import decompress_body
-
-                raw = decompress_body(request.body, request.headers.get("content-encoding"))
+                raw = codec.decompress_body(request.body, request.headers.get("content-encoding"))
                 summary = codec.proto_summary(raw)
             except ValueError:
                 summary = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from tinker_sync._polling.hold import ADVERT_HEADER, HOLD_HEADER
+from tinker_sync._wire._headers import ADVERT_HEADER, HOLD_HEADER
 from tinker_sync.local._body import (
     Body,
     HttpError,

@@ -4,6 +4,7 @@
 Usage::
 
     req = decode_forward_backward(body, content_type, content_encoding)   # proto, zstd or JSON
+    raw = decompress_body(body, headers.get("Content-Encoding"))   # zstd or identity
     summary = proto_summary(body)                      # model_id, seq_id, ... for logs/faults
     blob = encode_forward_output_proto(result)         # ForwardResult -> proto bytes
     obj = forward_output_to_json(result)               # the JSON (legacy) form
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tinker_sync._wire import _pbwire, _zstd
+from tinker_sync._wire import _pbwire
 from tinker_sync.local import _protocodec
 from tinker_sync.local.backends.base import DatumArrays, ForwardResult, SampleResult
 
@@ -135,12 +136,46 @@ def decode_forward_backward_proto(payload: bytes) -> FwdBwdRequest:
     return FwdBwdRequest(model_id, seq_id, loss_fn, dict(config), forward_only, list(datums))
 
 
+def decompress_body(body: bytes, content_encoding: str | None, max_size: int = 1 << 31) -> bytes:
+    """Undo a request ``Content-Encoding`` (``zstd`` or none / ``identity``).
+
+    Usage: ``body = decompress_body(raw, headers.get("Content-Encoding"))``.
+
+    :param max_size: refuse to inflate beyond this many bytes (a decompression bomb).
+    :raises ValueError: an unsupported encoding, a corrupt zstd frame, or an oversized body.
+    """
+    encoding = (content_encoding or "").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "zstd":
+        raise ValueError(f"unsupported Content-Encoding {content_encoding!r}")
+    try:
+        import zstandard
+    except ImportError as exc:  # pragma: no cover - zstandard is a test dependency
+        raise ValueError("Content-Encoding zstd needs the zstandard package") from exc
+    pieces: list[bytes] = []
+    total = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(body) as reader:
+            while True:
+                piece = reader.read(1 << 20)
+                if not piece:
+                    break
+                total += len(piece)
+                if total > max_size:
+                    raise ValueError(f"zstd body inflates beyond {max_size} bytes")
+                pieces.append(piece)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"corrupt zstd body: {exc}") from exc
+    return b"".join(pieces)
+
+
 def decode_forward_backward(
     body: bytes, content_type: str | None, content_encoding: str | None
 ) -> FwdBwdRequest:
     """Decode a forward_backward body: protobuf (optionally zstd), or JSON."""
     try:
-        raw = _zstd.decompress_body(body, content_encoding)
+        raw = decompress_body(body, content_encoding)
     except ValueError as exc:
         raise WireError(str(exc)) from None
     if "json" in (content_type or "").lower():
