@@ -530,6 +530,11 @@ def test_retry_config_delays_and_classification():
         assert config.is_retryable(exc)
     for code in (408, 409, 500, 503, 599):
         assert config.is_retryable(status(code))
+    # one source: the sampling layer repeats exactly the statuses the HTTP retry loop does
+    from tinker_sync._flow.retry import is_retryable_status
+
+    for code in range(400, 700):
+        assert config.is_retryable(status(code)) == is_retryable_status(code), code
     for exc in (
         status(400),
         status(404),

@@ -60,6 +60,12 @@ DEFAULT_SAMPLE_DISPATCH_BYTES = 10 * 1024 * 1024
 DEFAULT_FWDBWD_DISPATCH_BYTES = 50_000_000
 DEFAULT_INFLIGHT_RESPONSE_BYTES = 50 * 1024 * 1024
 LARGE_PROMPT_BYTES = 128 * 1024
+#: The backoff a 429 on ``asample`` without a usable Retry-After sets: this, or for a prompt
+#: above LARGE_PROMPT_BYTES the longer one.
+RATE_LIMIT_BACKOFF_S = 1.0
+LARGE_PROMPT_BACKOFF_S = 5.0
+#: The backoff a paused queue state on a sampling poll sets.
+PAUSED_QUEUE_BACKOFF_S = 1.0
 
 
 class Stopped(Exception):

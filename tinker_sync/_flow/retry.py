@@ -69,6 +69,7 @@ __all__ = [
     "HOLDER_BUDGET_S",
     "INITIAL_RETRY_DELAY",
     "MAX_RETRY_DELAY",
+    "RETRYABLE_STATUSES",
     "BillingPause",
     "Classification",
     "SubmissionRetry",
@@ -77,6 +78,7 @@ __all__ = [
     "http_backoff",
     "is_retryable_status",
     "is_user_error",
+    "is_user_status",
     "parse_retry_after",
     "permanent_connect_failure",
     "retry_delay",
@@ -166,9 +168,19 @@ def holder_backoff(n: int) -> float:
     return float(min(2.0 ** min(max(n, 0), 64), HOLDER_MAX_WAIT))
 
 
+#: The 4xx statuses worth repeating a request for; every status >= 500 is, too. The one
+#: source for every retry layer (HTTP, submission, sampling).
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+
+
 def is_retryable_status(status: int) -> bool:
-    """408, 409, 429 and every status >= 500."""
-    return status in (408, 409, 429) or status >= 500
+    """408, 409, 429 (:data:`RETRYABLE_STATUSES`) and every status >= 500."""
+    return status in RETRYABLE_STATUSES or status >= 500
+
+
+def is_user_status(status: object) -> bool:
+    """A 4xx other than 408: the caller's request was wrong, repeating it will not help."""
+    return isinstance(status, int) and 400 <= status < 500 and status != 408
 
 
 def _x_should_retry(headers: Mapping[str, str] | None) -> bool | None:
@@ -213,8 +225,7 @@ def is_user_error(exc: BaseException) -> bool:
     for e in related(exc):
         if isinstance(e, RequestFailedError) and e.category is RequestErrorCategory.User:
             return True
-        status = getattr(e, "status_code", None)
-        if isinstance(status, int) and 400 <= status < 500 and status != 408:
+        if is_user_status(getattr(e, "status_code", None)):
             return True
     return False
 

@@ -39,6 +39,13 @@ from tinker_sync.exceptions import (
 PROTOBUF = "application/x-protobuf"
 MAX_BAD_400 = 3
 BILLING_PAUSE_S = 5.0
+#: Caps of the poll delays (docs/polling.md#delays): after a 429 or no connection, after a
+#: 5xx, after a reply lost on an open connection, after a ``try_again`` answered too fast
+#: (one that came back sooner than FAST_TRY_AGAIN_S).
+BACKOFF_MAX_S = 30.0
+SERVER_ERROR_MAX_S = 5.0
+LOST_REPLY_MAX_S = 2.0
+FAST_TRY_AGAIN_S = 1.0
 #: Exponents are capped so counters can grow without bound
 #: (docs/design/behavior.md#poll-bounded-by-time: no iteration cap) while the
 #: delays stay at their caps (2**1024 would overflow a float).
@@ -87,7 +94,7 @@ def _json_or_none(content: bytes) -> Any:
 
 
 def _backoff(counters: PollCounters, reason: str, exc: BaseException | None) -> Decision:
-    delay = float(min(2 ** min(counters.backoff_n, _MAX_EXP), 30))
+    delay = float(min(2 ** min(counters.backoff_n, _MAX_EXP), BACKOFF_MAX_S))
     counters.backoff_n += 1
     counters.server_errors = 0
     counters.last_error = exc
@@ -107,7 +114,9 @@ def decide_transport_error(
     if isinstance(exc, APIConnectError):
         counters.lost_replies = 0
         return _backoff(counters, "connection error while polling", exc)
-    delay = min(0.1 * 2 ** min(counters.lost_replies, _MAX_EXP), 2.0) * (0.75 + 0.25 * jitter)
+    delay = min(0.1 * 2 ** min(counters.lost_replies, _MAX_EXP), LOST_REPLY_MAX_S) * (
+        0.75 + 0.25 * jitter
+    )
     counters.lost_replies += 1
     counters.last_error = exc
     return Decision(Action.RETRY, delay, "reply lost while polling", exc)
@@ -148,8 +157,8 @@ def decide_reply(
                 ),
             )
         if body.get("type") == "try_again":
-            if elapsed < 1.0:
-                delay = min(0.05 * 2 ** min(counters.fast_answers, _MAX_EXP), 1.0)
+            if elapsed < FAST_TRY_AGAIN_S:
+                delay = min(0.05 * 2 ** min(counters.fast_answers, _MAX_EXP), FAST_TRY_AGAIN_S)
                 counters.fast_answers += 1
             else:
                 delay = 0.0
@@ -205,7 +214,9 @@ def decide_reply(
             )
         return Decision(Action.PENDING, 0.0, "408")
     if 500 <= status < 600:
-        delay = min(0.1 * 2 ** min(counters.server_errors, _MAX_EXP), 5.0) * (0.75 + 0.25 * jitter)
+        delay = min(0.1 * 2 ** min(counters.server_errors, _MAX_EXP), SERVER_ERROR_MAX_S) * (
+            0.75 + 0.25 * jitter
+        )
         counters.server_errors += 1
         return Decision(Action.RETRY, delay, f"HTTP {status} while polling", error)
     if status == 429:

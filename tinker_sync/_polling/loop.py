@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tinker_sync._flow.health import StallWatch
-from tinker_sync._flow.limiter import Stopped
+from tinker_sync._flow.limiter import PAUSED_QUEUE_BACKOFF_S, Stopped
 from tinker_sync._polling.decide import Action, Decision, PollCounters, decide_reply
 from tinker_sync._polling.decide import decide_transport_error as _transport_error
 from tinker_sync._polling.hold import PollPlan
@@ -287,7 +287,7 @@ class Poll:
                 self._observe(decision.queue_state, decision.queue_state_reason)
                 if self.sampling and decision.queue_state.startswith("paused"):
                     self.session.limiter.set_backoff(
-                        1.0, f"queue {decision.queue_state}", self.session.hooks
+                        PAUSED_QUEUE_BACKOFF_S, f"queue {decision.queue_state}", self.session.hooks
                     )
             delay = decision.delay
             if deadline is not None and clock.monotonic() + delay >= deadline:

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tinker_sync._flow.health import StallWatch
-from tinker_sync._flow.limiter import LARGE_PROMPT_BYTES, Limiter, Stopped, Ticket
+from tinker_sync._flow.limiter import (
+    LARGE_PROMPT_BACKOFF_S,
+    LARGE_PROMPT_BYTES,
+    RATE_LIMIT_BACKOFF_S,
+    Limiter,
+    Stopped,
+    Ticket,
+)
 from tinker_sync._flow.retry import SubmissionRetry, parse_retry_after
 from tinker_sync._futures import APIFuture
 from tinker_sync._polling.decide import Decision
@@ -283,7 +290,11 @@ class SampleJob:
             ):
                 delay = parse_retry_after(exc.response.headers, clock.time())
                 if delay is None:
-                    delay = 5.0 if self.estimate > LARGE_PROMPT_BYTES else 1.0
+                    delay = (
+                        LARGE_PROMPT_BACKOFF_S
+                        if self.estimate > LARGE_PROMPT_BYTES
+                        else RATE_LIMIT_BACKOFF_S
+                    )
                 limiter.set_backoff(delay, f"{exc.status_code} on asample", session.hooks)
                 limiter.hold(ticket)  # same seq_id, same gates, after the deadline
                 return

@@ -57,7 +57,8 @@ class RetryConfig:
     before SamplingStuckError. ``retry_delay_base`` / ``retry_delay_max`` / ``jitter_factor``:
     the delay before retry ``a`` is ``min(base * 2^a, max)`` times ``1 +- jitter``, clamped to
     [0, max]. ``enable_retry_logic=False`` fails a sample on its first error.
-    ``retryable_exceptions``: plus status errors 408/409/429/5xx.
+    ``retryable_exceptions``: plus the status errors every retry layer repeats (408/409/429/5xx,
+    ``_flow.retry.is_retryable_status``).
 
     Thread safety: immutable. Fork safety: plain data.
     """
@@ -82,7 +83,9 @@ class RetryConfig:
         if isinstance(exc, self.retryable_exceptions):
             return True
         if isinstance(exc, APIStatusError):
-            return exc.status_code in (408, 409, 429) or 500 <= exc.status_code < 600
+            from tinker_sync._flow.retry import is_retryable_status  # loads urllib3: deferred
+
+            return is_retryable_status(exc.status_code)
         return False
 
     def delay(self, attempt: int, draw: float) -> float:

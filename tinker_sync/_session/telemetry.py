@@ -209,9 +209,11 @@ class Telemetry:
 
 
 def _user_status(exc: BaseException) -> int | None:
+    from tinker_sync._flow.retry import is_user_status
+
     for e in related(exc):
         status = getattr(e, "status_code", None)
-        if isinstance(status, int) and 400 <= status < 500 and status != 408:
+        if isinstance(status, int) and is_user_status(status):
             return status
     return None
 

@@ -42,6 +42,8 @@ MAX_LORA_RANK = 256
 
 #: Every ``LossFnType`` name of the protocol (docs/design/protocol.md#loss-functions).
 LOSS_FN_NAMES: tuple[str, ...] = LOSS_FN_TYPES
+#: The losses a server computes: every one but ``custom`` (computed by the client).
+SERVER_LOSSES: tuple[str, ...] = tuple(name for name in LOSS_FN_NAMES if name != "custom")
 
 #: ``AdamParams`` defaults (docs/design/protocol.md#sampling-params).
 ADAM_DEFAULTS: dict[str, float] = {

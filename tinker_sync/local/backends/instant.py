@@ -34,8 +34,8 @@ import numpy.typing as npt
 
 from tinker_sync.local.backends._common import (
     KNOWN_MODELS,
-    LOSS_FN_NAMES,
     MASK_LOGPROB,
+    SERVER_LOSSES,
     CheckedSampleOptions,
     StopRule,
     check_lora,
@@ -72,7 +72,6 @@ INSTANT_CONTEXT = 32768
 #: ``max_tokens`` used when a request leaves it unset.
 DEFAULT_MAX_TOKENS = 16
 _LOG_VOCAB = math.log(BYTE_VOCAB_SIZE)
-_SUPPORTED_LOSSES = tuple(name for name in LOSS_FN_NAMES if name != "custom")
 _FORMAT = "tinker-sync/instant-state-v1"
 
 _U64 = np.uint64
@@ -217,7 +216,7 @@ class InstantModel:
         backward: bool,
     ) -> ForwardResult:
         """Hash-based logprobs and Appendix A losses; ``backward`` accumulates a pseudo-gradient."""
-        check_loss_fn(loss_fn, _SUPPORTED_LOSSES)
+        check_loss_fn(loss_fn, SERVER_LOSSES)
         check_config(loss_fn, config)
         if not data:
             raise UserError("forward_backward needs at least one datum")

@@ -9,9 +9,8 @@ Usage::
     sampler = backend.sampler("tinker-sync/tiny", model.sampler_weights())
     result = sampler.sample(prompt, SampleOptions(max_tokens=20, temperature=0.0))
 
-Losses (:data:`TINY_LOSSES`, maths in docs/design/local-server.md#loss-semantics):
-``cross_entropy``, ``importance_sampling``, ``ppo``, ``cispo``, ``dro``, ``gspo`` and
-``stable_reinforce``. ``custom`` (client-side only) and unknown names are refused with
+Losses (:data:`TINY_LOSSES`, maths in docs/design/local-server.md#loss-semantics): every
+``LossFnType`` of the protocol. ``custom`` (client-side only) and unknown names are refused with
 :class:`UserError`, as is any optimizer other than AdamW (e.g. Dimuon). Gradients of the summed
 loss accumulate over ``forward_backward`` calls until ``optim_step``.
 
@@ -29,6 +28,7 @@ import numpy.typing as npt
 from tinker_sync.local.backends._blas import single_threaded_blas
 from tinker_sync.local.backends._common import (
     KNOWN_MODELS,
+    SERVER_LOSSES,
     check_lora,
     check_model_name,
     npz_bytes,
@@ -66,15 +66,8 @@ from tinker_sync.local.backends.tiny.sampling import TinySampler
 
 __all__ = ["TINY_LOSSES", "TinyBackend", "TinyModel"]
 
-TINY_LOSSES = (
-    "cross_entropy",
-    "importance_sampling",
-    "ppo",
-    "cispo",
-    "dro",
-    "gspo",
-    "stable_reinforce",
-)
+#: Every protocol loss but the client-side ``custom`` (``types.LOSS_FN_TYPES``).
+TINY_LOSSES: tuple[str, ...] = SERVER_LOSSES
 _FORMAT = "tinker-sync/tiny-lora-v1"
 #: Micro-batch limits for one forward/backward pass (tokens, attention-matrix cells).
 _MAX_BATCH_TOKENS = 8192
