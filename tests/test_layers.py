@@ -61,6 +61,7 @@ LAYERS: dict[str, int] = {
     "_paths": 0,
     "_runtime": 0,
     "_version": 0,
+    "_logging": 0,
 }
 
 #: The local server is not a layer of the client: it may use only these client modules (and

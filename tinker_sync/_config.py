@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from tinker_sync._credentials import Credentials, Secret
+from tinker_sync._logging import parse_log_level
 from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
 from tinker_sync._runtime.redact import is_secret_header, redact_headers, scrub
 
@@ -289,13 +290,6 @@ def parse_stall_timeout(value: str | None) -> float:
     return seconds
 
 
-def _parse_log_level(value: str | None) -> str | None:
-    if not value:
-        return None
-    level = value.strip().lower()
-    return level if level in ("debug", "info") else None
-
-
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_BREAK = re.compile(r"[\r\n\x00]")
 
@@ -403,7 +397,7 @@ class ClientConfig:
                 else stall_timeout
             ),
             telemetry=telemetry_enabled(env.get("TINKER_TELEMETRY")),
-            log_level=_parse_log_level(env.get("TINKER_LOG")),
+            log_level=parse_log_level(env.get("TINKER_LOG")),
         )
 
     @property

@@ -4,6 +4,14 @@ Usage (inside the clients)::
 
     check_sampling_params(params)            # ValueError naming the field
     check_loss_inputs(data, "cross_entropy") # ValueError naming data[i] and the input
+    run_id = check_str("training_run_id", run_id)   # TypeError / ValueError naming the argument
+    limit = check_int("limit", limit)               # an int (not a bool) >= minimum
+    ttl = check_ttl(ttl_seconds)                    # None or a positive int
+    check_checkpoint_name(name)                     # non-empty, no "/"
+    scope = check_scope(access_scope)               # "owned" or "accessible"
+
+The one home of the clients' argument checks: a wrong argument fails in the caller's thread,
+before anything is sent, with an error naming it.
 
 Only what every Tinker server rejects is checked here, so that no program the official SDK
 runs is refused: a negative or non-finite ``temperature``, ``max_tokens`` below 1, a built-in
@@ -17,11 +25,75 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 from tinker_sync.types import Datum, SamplingParams, TensorData
 from tinker_sync.types._datum import _LOSS_FN_REQUIRED_INPUTS, _PER_TOKEN_INPUTS
 
-__all__ = ["check_loss_inputs", "check_sampling_params"]
+__all__ = [
+    "AccessScope",
+    "check_checkpoint_name",
+    "check_int",
+    "check_loss_inputs",
+    "check_opt_str",
+    "check_sampling_params",
+    "check_scope",
+    "check_str",
+    "check_ttl",
+]
+
+AccessScope = Literal["owned", "accessible"]
+
+
+def check_str(name: str, value: object) -> str:
+    """``value`` as a non-empty str (TypeError / ValueError naming ``name``)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty str")
+    return value
+
+
+def check_opt_str(name: str, value: object) -> str | None:
+    """None, or ``value`` as a non-empty str."""
+    return None if value is None else check_str(name, value)
+
+
+def check_int(name: str, value: object, *, minimum: int = 0) -> int:
+    """``value`` as an int (not a bool) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_ttl(ttl_seconds: object) -> int | None:
+    """None (no expiry) or a positive int of seconds."""
+    if ttl_seconds is None:
+        return None
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int):
+        raise TypeError(f"ttl_seconds must be an int or None, got {type(ttl_seconds).__name__}")
+    if ttl_seconds <= 0:
+        raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
+    return ttl_seconds
+
+
+def check_checkpoint_name(name: object) -> None:
+    """A checkpoint name: a non-empty str without ``/``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty str, got {name!r}")
+    if "/" in name:
+        raise ValueError(f"name must not contain '/': {name!r}")
+
+
+def check_scope(value: object) -> AccessScope:
+    """``access_scope``: ``"owned"`` or ``"accessible"``."""
+    if value == "owned":
+        return "owned"
+    if value == "accessible":
+        return "accessible"
+    raise ValueError(f"access_scope must be 'owned' or 'accessible', got {value!r}")
 
 
 def check_sampling_params(params: SamplingParams, name: str = "sampling_params") -> None:

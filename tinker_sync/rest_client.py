@@ -28,7 +28,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from tinker_sync._config import ClientConfig, Timeout
 from tinker_sync._credentials import jwt_claims
@@ -49,6 +49,14 @@ from tinker_sync._transport import (
     current_sdk_method,
     quote_path,
     sdk_method_scope,
+)
+from tinker_sync._validate import (
+    AccessScope,
+    check_int,
+    check_opt_str,
+    check_scope,
+    check_str,
+    check_ttl,
 )
 from tinker_sync._wire._converter import from_json, to_json
 from tinker_sync.exceptions import (
@@ -79,51 +87,11 @@ __all__ = ["TRACE_EXPORT_POLL_INTERVAL_S", "RestClient"]
 log = logging.getLogger("tinker_sync.rest")
 
 T = TypeVar("T")
-AccessScope = Literal["owned", "accessible"]
 
 TRACE_EXPORT_POLL_INTERVAL_S = 5.0
 """Seconds between two polls of a session trace export that is still ``pending``."""
 
 _CLASS = "RestClient"
-
-
-# --------------------------------------------------------------------------------------------
-# argument checks (synchronous, before anything is sent)
-# --------------------------------------------------------------------------------------------
-
-
-def _check_str(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{name} must be a non-empty str")
-    return value
-
-
-def _check_opt_str(name: str, value: object) -> str | None:
-    return None if value is None else _check_str(name, value)
-
-
-def _check_int(name: str, value: object, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_ttl(value: object) -> int | None:
-    if value is None:
-        return None
-    return _check_int("ttl_seconds", value, minimum=1)
-
-
-def _check_scope(value: object) -> AccessScope:
-    if value == "owned":
-        return "owned"
-    if value == "accessible":
-        return "accessible"
-    raise ValueError(f"access_scope must be 'owned' or 'accessible', got {value!r}")
 
 
 def _parse_path(tinker_path: object) -> CheckpointPath:
@@ -344,8 +312,8 @@ class RestClient:
     def _get_training_run(
         self, name: str, training_run_id: object, access_scope: object
     ) -> APIFuture[TrainingRun]:
-        run_id = _check_str("training_run_id", training_run_id)
-        scope = _check_scope(access_scope)
+        run_id = check_str("training_run_id", training_run_id)
+        scope = check_scope(access_scope)
         spec = self._spec(
             "GET", f"/api/v1/training_runs/{quote_path(run_id)}", params={"access_scope": scope}
         )
@@ -385,11 +353,11 @@ class RestClient:
         """
         with sdk_method_scope(f"{_CLASS}.list_training_runs"):
             params: dict[str, Any] = {
-                "limit": _check_int("limit", limit),
-                "offset": _check_int("offset", offset),
-                "access_scope": _check_scope(access_scope),
+                "limit": check_int("limit", limit),
+                "offset": check_int("offset", offset),
+                "access_scope": check_scope(access_scope),
             }
-            if _check_opt_str("project_id", project_id) is not None:
+            if check_opt_str("project_id", project_id) is not None:
                 params["project_id"] = project_id
             spec = self._spec("GET", "/api/v1/training_runs", params=params)
             return self._call(
@@ -406,9 +374,9 @@ class RestClient:
 
         Follows ``cursor.total_count``; stops early on a short or empty page.
         """
-        _check_int("page_size", page_size, minimum=1)
-        _check_scope(access_scope)
-        _check_opt_str("project_id", project_id)
+        check_int("page_size", page_size, minimum=1)
+        check_scope(access_scope)
+        check_opt_str("project_id", project_id)
         return self._iter_training_runs(page_size, access_scope, project_id)
 
     def _iter_training_runs(
@@ -431,7 +399,7 @@ class RestClient:
     def list_checkpoints(self, training_run_id: str) -> APIFuture[CheckpointsListResponse]:
         """Training, sampler and external checkpoints of one run."""
         with sdk_method_scope(f"{_CLASS}.list_checkpoints"):
-            run_id = _check_str("training_run_id", training_run_id)
+            run_id = check_str("training_run_id", training_run_id)
             spec = self._spec("GET", f"/api/v1/training_runs/{quote_path(run_id)}/checkpoints")
             return self._call(
                 "list_checkpoints", spec, lambda r: _decode(CheckpointsListResponse, r)
@@ -442,7 +410,7 @@ class RestClient:
     ) -> APIFuture[CheckpointsListResponse]:
         """One page of all the caller's checkpoints, newest first."""
         with sdk_method_scope(f"{_CLASS}.list_user_checkpoints"):
-            params = {"limit": _check_int("limit", limit), "offset": _check_int("offset", offset)}
+            params = {"limit": check_int("limit", limit), "offset": check_int("offset", offset)}
             spec = self._spec("GET", "/api/v1/checkpoints", params=params)
             return self._call(
                 "list_user_checkpoints", spec, lambda r: _decode(CheckpointsListResponse, r)
@@ -450,7 +418,7 @@ class RestClient:
 
     def iter_user_checkpoints(self, page_size: int = 100) -> Iterator[Checkpoint]:
         """Every checkpoint of the caller, newest first, fetched lazily page by page."""
-        _check_int("page_size", page_size, minimum=1)
+        check_int("page_size", page_size, minimum=1)
         return self._iter_user_checkpoints(page_size)
 
     def _iter_user_checkpoints(self, page_size: int) -> Iterator[Checkpoint]:
@@ -495,8 +463,8 @@ class RestClient:
             return self._call("delete_checkpoint_from_tinker_path", spec, _ignore)
 
     def _delete(self, name: str, training_run_id: object, checkpoint_id: object) -> APIFuture[None]:
-        run_id = _check_str("training_run_id", training_run_id)
-        ckpt = _check_str("checkpoint_id", checkpoint_id)
+        run_id = check_str("training_run_id", training_run_id)
+        ckpt = check_str("checkpoint_id", checkpoint_id)
         try:
             ParsedCheckpointTinkerPath.from_tinker_path(f"tinker://{run_id}/{ckpt}")
         except ValueError:
@@ -529,7 +497,7 @@ class RestClient:
         """Expire a checkpoint ``ttl_seconds`` from now; ``None`` removes the expiry."""
         with sdk_method_scope(f"{_CLASS}.set_checkpoint_ttl_from_tinker_path"):
             parsed = _parse_path(tinker_path)
-            ttl = _check_ttl(ttl_seconds)
+            ttl = check_ttl(ttl_seconds)
             path = _checkpoint_path(parsed.training_run_id, parsed.checkpoint_id)
             spec = self._spec("PUT", f"{path}/ttl", json={"ttl_seconds": ttl})
             return self._call("set_checkpoint_ttl_from_tinker_path", spec, _ignore)
@@ -551,17 +519,17 @@ class RestClient:
         """
         with sdk_method_scope(f"{_CLASS}.copy_weights"):
             _parse_path(path)
-            project = _check_opt_str("destination_project_id", destination_project_id)
+            project = check_opt_str("destination_project_id", destination_project_id)
             if project is None:
                 project = os.environ.get("TINKER_PROJECT_ID") or None
             if project is None:
                 raise ValueError(
                     "copy_weights needs destination_project_id (or set TINKER_PROJECT_ID)"
                 )
-            ttl = _check_ttl(ttl_seconds)
+            ttl = check_ttl(ttl_seconds)
             headers: dict[str, str] = {}
             if weights_access_token is not None:
-                _check_str("weights_access_token", weights_access_token)
+                check_str("weights_access_token", weights_access_token)
                 register_secret(weights_access_token)
                 headers["X-Tinker-Weights-Access-Token"] = weights_access_token
             body = to_json(
@@ -591,11 +559,11 @@ class RestClient:
     ) -> APIFuture[GetSessionResponse]:
         """The training runs and samplers of a session."""
         with sdk_method_scope(f"{_CLASS}.get_session"):
-            sid = _check_str("session_id", session_id)
+            sid = check_str("session_id", session_id)
             spec = self._spec(
                 "GET",
                 f"/api/v1/sessions/{quote_path(sid)}",
-                params={"access_scope": _check_scope(access_scope)},
+                params={"access_scope": check_scope(access_scope)},
             )
             return self._call("get_session", spec, lambda r: _decode(GetSessionResponse, r))
 
@@ -605,9 +573,9 @@ class RestClient:
         """One page of session ids."""
         with sdk_method_scope(f"{_CLASS}.list_sessions"):
             params = {
-                "limit": _check_int("limit", limit),
-                "offset": _check_int("offset", offset),
-                "access_scope": _check_scope(access_scope),
+                "limit": check_int("limit", limit),
+                "offset": check_int("offset", offset),
+                "access_scope": check_scope(access_scope),
             }
             spec = self._spec("GET", "/api/v1/sessions", params=params)
             return self._call("list_sessions", spec, lambda r: _decode(ListSessionsResponse, r))
@@ -615,8 +583,8 @@ class RestClient:
     def assign_session_project(self, session_id: str, project_id: str) -> APIFuture[None]:
         """Move a session (and its runs) into a project."""
         with sdk_method_scope(f"{_CLASS}.assign_session_project"):
-            sid = _check_str("session_id", session_id)
-            project = _check_str("project_id", project_id)
+            sid = check_str("session_id", session_id)
+            project = check_str("project_id", project_id)
             spec = self._spec(
                 "PUT", f"/api/v1/sessions/{quote_path(sid)}/project", json={"project_id": project}
             )
@@ -628,7 +596,7 @@ class RestClient:
         The future fails with ``RuntimeError`` when the server reports the export failed.
         """
         with sdk_method_scope(f"{_CLASS}.export_session_trace"):
-            sid = _check_str("session_id", session_id)
+            sid = check_str("session_id", session_id)
             spec = self._spec("GET", f"/api/v1/sessions/{quote_path(sid)}/trace_export")
             return self._submit("export_session_trace", lambda: self._poll_trace(sid, spec))
 
@@ -662,7 +630,7 @@ class RestClient:
     def get_sampler(self, sampler_id: str) -> APIFuture[GetSamplerResponse]:
         """Base model and weights path of a sampler (``<session>:sample:<n>``)."""
         with sdk_method_scope(f"{_CLASS}.get_sampler"):
-            sid = _check_str("sampler_id", sampler_id)
+            sid = check_str("sampler_id", sampler_id)
             spec = self._spec("GET", f"/api/v1/samplers/{quote_path(sid)}")
             return self._call("get_sampler", spec, lambda r: _decode(GetSamplerResponse, r))
 

@@ -78,7 +78,7 @@ from tinker_sync._transport import (
     current_sdk_method,
     sdk_method_scope,
 )
-from tinker_sync._validate import check_sampling_params
+from tinker_sync._validate import check_int, check_sampling_params
 
 # Imported here, not lazily on worker threads: a fork during a first import on another
 # thread would leave that module's import lock held forever in the child.
@@ -410,14 +410,14 @@ class SamplingClient:
         if not isinstance(sampling_params, SamplingParams):
             sampling_params = accept(sampling_params, SamplingParams, "sampling_params")
         check_sampling_params(sampling_params)
-        _check_int("num_samples", num_samples, minimum=1)
-        _check_int("topk_prompt_logprobs", topk_prompt_logprobs, minimum=0)
-        _check_int("topk_sample_logprobs", topk_sample_logprobs, minimum=0)
-        _check_int("prompt_alt_tokens_k", prompt_alt_tokens_k, minimum=0)
+        check_int("num_samples", num_samples, minimum=1)
+        check_int("topk_prompt_logprobs", topk_prompt_logprobs, minimum=0)
+        check_int("topk_sample_logprobs", topk_sample_logprobs, minimum=0)
+        check_int("prompt_alt_tokens_k", prompt_alt_tokens_k, minimum=0)
         if not isinstance(include_prompt_logprobs, bool):
             raise TypeError("include_prompt_logprobs must be a bool")
         if prompt_logprobs_last_n is not None:
-            _check_int("prompt_logprobs_last_n", prompt_logprobs_last_n, minimum=1)
+            check_int("prompt_logprobs_last_n", prompt_logprobs_last_n, minimum=1)
             if not include_prompt_logprobs:
                 raise ValueError("prompt_logprobs_last_n needs include_prompt_logprobs=True")
         body: dict[str, Any] = {
@@ -552,13 +552,6 @@ class PendingSamplingClient(_pending.PendingClient, SamplingClient):
 
 
 BackcompatSamplingClientFuture = SamplingClient
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 def _restore_sampling_client(state: dict[str, Any]) -> SamplingClient:

@@ -40,7 +40,7 @@ from tinker_sync._session.telemetry import captures_exceptions
 from tinker_sync._training.chunkgroup import ChunkGroup
 from tinker_sync._training.sequencer import Sequencer
 from tinker_sync._transport import Pool, RequestSpec, current_sdk_method, sdk_method_scope
-from tinker_sync._validate import check_loss_inputs
+from tinker_sync._validate import check_checkpoint_name, check_loss_inputs, check_ttl
 
 # Imported here, not lazily on worker threads (a fork during a first import on another
 # thread would leave the module's import lock held in the child).
@@ -520,8 +520,8 @@ class TrainingClient:
     ) -> APIFuture[SaveWeightsResponse]:
         """Save weights and optimizer state at ``tinker://<run>/weights/<name>``."""
         with sdk_method_scope("TrainingClient.save_state"):
-            _check_name(name)
-            _check_ttl(ttl_seconds)
+            check_checkpoint_name(name)
+            check_ttl(ttl_seconds)
             if not isinstance(overwrite, bool):
                 raise TypeError("overwrite must be a bool")
 
@@ -597,8 +597,8 @@ class TrainingClient:
     ) -> APIFuture[SaveWeightsForSamplerResponse]:
         """Persist sampler weights at ``tinker://<run>/sampler_weights/<name>``."""
         with sdk_method_scope("TrainingClient.save_weights_for_sampler"):
-            _check_name(name)
-            _check_ttl(ttl_seconds)
+            check_checkpoint_name(name)
+            check_ttl(ttl_seconds)
 
             def body(seq_id: int) -> dict[str, Any]:
                 return _with_optional(
@@ -631,8 +631,8 @@ class TrainingClient:
     ) -> APIFuture[SaveWeightsExternalResponse]:
         """Export HF-format weights at ``tinker://<run>/external_weights/<name>``."""
         with sdk_method_scope("TrainingClient.save_weights_external"):
-            _check_name(name)
-            _check_ttl(ttl_seconds)
+            check_checkpoint_name(name)
+            check_ttl(ttl_seconds)
             if age_encryption_recipients is not None and (
                 not isinstance(age_encryption_recipients, list)
                 or not all(isinstance(r, str) for r in age_encryption_recipients)
@@ -802,19 +802,3 @@ def _with_optional(body: dict[str, Any], **optional: Any) -> dict[str, Any]:
     """``body`` plus the optional fields that are set (None means "not sent")."""
     body.update({key: value for key, value in optional.items() if value is not None})
     return body
-
-
-def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty str, got {name!r}")
-    if "/" in name:
-        raise ValueError(f"name must not contain '/': {name!r}")
-
-
-def _check_ttl(ttl_seconds: object) -> None:
-    if ttl_seconds is None:
-        return
-    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int):
-        raise TypeError(f"ttl_seconds must be an int or None, got {type(ttl_seconds).__name__}")
-    if ttl_seconds <= 0:
-        raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")

@@ -15,9 +15,8 @@ Start-up runs once however many threads race (docs/design/behavior.md#lazy-singl
 telemetry flushes, and the background JWT refresh of docs/design/behavior.md#jwt-auth when the
 server enables JWT auth). A failed start is not cached: the next call tries again.
 
-``TINKER_LOG=debug|info`` (read when a Session is built, never at import) attaches one stderr
-handler to the ``tinker_sync`` and ``urllib3`` loggers (docs/design/behavior.md#logging); see
-:func:`configure_logging_from_env`.
+``TINKER_LOG=debug|info`` is read when a Session is built, never at import
+(:func:`tinker_sync._logging.configure_logging_from_env`).
 
 Thread safety: every method may be called from any thread. Fork safety: a Session belongs to the
 process that started it; in a forked child ``ensure_started`` raises ForkedProcessError for
@@ -31,7 +30,6 @@ import concurrent.futures
 import logging
 import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +46,7 @@ from tinker_sync._flow.retry import (
     send_with_retries,
     submission_loop,
 )
+from tinker_sync._logging import configure_logging_from_env
 from tinker_sync._polling.hold import PollHold
 from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock, exiting
 from tinker_sync._runtime.fork import make_lock, register_after_fork
@@ -650,42 +649,3 @@ def _json_object(reply: Reply) -> dict[str, Any]:
 
 def status_of(exc: BaseException) -> int | None:
     return exc.status_code if isinstance(exc, APIStatusError) else None
-
-
-# -------------------------------------------------------------------- TINKER_LOG
-
-_LOG_HANDLER_NAME = "tinker_sync-TINKER_LOG"
-_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO}
-
-
-class _ContextFormatter(logging.Formatter):
-    """Appends ``session_id`` / ``model_id`` / ``request_id`` when a record carries them."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        ids = [
-            f"{key}={value}"
-            for key in ("session_id", "model_id", "request_id")
-            if (value := getattr(record, key, None))
-        ]
-        return f"{text} [{' '.join(ids)}]" if ids else text
-
-
-def configure_logging_from_env() -> None:
-    """Honour ``TINKER_LOG=debug|info``: one stderr handler on ``tinker_sync`` and ``urllib3``.
-
-    Called when a Session is built (never at import). Unset or another value changes nothing;
-    repeated calls add no second handler. No other logger (the root included) is touched.
-    """
-    level = _LOG_LEVELS.get(os.environ.get("TINKER_LOG", "").strip().lower())
-    if level is None:
-        return
-    formatter = _ContextFormatter("[%(asctime)s - %(name)s:%(lineno)d - %(levelname)s] %(message)s")
-    for name in ("tinker_sync", "urllib3"):
-        logger = logging.getLogger(name)
-        if not any(h.get_name() == _LOG_HANDLER_NAME for h in logger.handlers):
-            handler = logging.StreamHandler(sys.stderr)
-            handler.set_name(_LOG_HANDLER_NAME)
-            handler.setFormatter(formatter)
-            logger.addHandler(handler)
-        logger.setLevel(level)
