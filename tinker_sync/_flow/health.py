@@ -269,10 +269,6 @@ class Health:
         last = self._last_failure
         return last is not None and self.clock.monotonic() - last < window_s
 
-    @property
-    def failing_since(self) -> float | None:
-        return self._failing_since
-
     def _safe_pending(self) -> str:
         try:
             return self.describe_pending() or "nothing"

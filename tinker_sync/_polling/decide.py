@@ -25,7 +25,6 @@ from typing import Any
 
 from tinker_sync.exceptions import (
     APIConnectError,
-    APIConnectionError,
     APIResponseValidationError,
     FutureExpiredError,
     FuturePollError,
@@ -252,7 +251,3 @@ def _poll_failed(request_id: str, status: int, cause: BaseException, why: str) -
     )
     exc.__cause__ = cause
     return Decision(Action.FAIL, exc=exc)
-
-
-def is_connection_error(exc: BaseException) -> bool:
-    return isinstance(exc, APIConnectionError)

@@ -77,8 +77,3 @@ def redact_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> di
     """Copy ``headers`` with the values of secret-looking names replaced by ``<redacted>``."""
     items = headers.items() if isinstance(headers, Mapping) else headers
     return {k: (REDACTED if is_secret_header(k) else scrub(str(v))) for k, v in items}
-
-
-def public_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    """Copy ``headers`` without the secret-looking ones (for pickles and sampler handles)."""
-    return {k: v for k, v in (headers or {}).items() if not is_secret_header(k)}

@@ -54,7 +54,6 @@ from tinker_sync._session.jwt import make_auth
 from tinker_sync._session.telemetry import Telemetry
 from tinker_sync._transport import Hook, Pool, Reply, RequestSpec, Transport
 from tinker_sync.exceptions import (
-    APIStatusError,
     ClientClosedError,
     ForkedProcessError,
     NotFoundError,
@@ -645,7 +644,3 @@ def _json_object(reply: Reply) -> dict[str, Any]:
             f"{reply.method} {reply.url}: expected a JSON object", response=reply.snapshot()
         )
     return data
-
-
-def status_of(exc: BaseException) -> int | None:
-    return exc.status_code if isinstance(exc, APIStatusError) else None

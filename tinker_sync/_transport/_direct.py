@@ -48,7 +48,7 @@ import urllib3.exceptions
 
 from tinker_sync._runtime.fork import make_lock
 from tinker_sync._transport._connection import COALESCE_LIMIT, setup_timeout
-from tinker_sync._transport._settings import ca_locations
+from tinker_sync._transport._settings import Verify, ca_locations
 
 if TYPE_CHECKING:
     import ssl
@@ -76,14 +76,14 @@ Headers = dict[str, str]
 def direct_pool(
     base_url: str,
     size: int,
-    verify: bool | str,
+    verify: Verify,
     options: Sequence[tuple[int, int, int | bytes]],
     tracker: _InflightTracker,
 ) -> DirectPool | None:
     """The direct pool for ``base_url``'s origin, or None where urllib3 must be used.
 
-    ``verify`` (used for ``https://`` only): True (certifi's bundle), False (no verification)
-    or a CA bundle file or directory, as :func:`~._settings.ca_locations` reads it. Call only
+    ``verify`` (used for ``https://`` only): True (certifi's bundle) or a CA bundle file or
+    directory, as :func:`~._settings.ca_locations` reads it (never off: docs/transport.md). Call only
     for routes without a proxy.
     """
     if os.environ.get(TRANSPORT_ENV, "auto").strip().lower() == "urllib3":
@@ -107,7 +107,7 @@ def _has_tls() -> bool:
     return bool(getattr(ssl, "HAS_SNI", False))
 
 
-def _tls_context(verify: bool | str) -> ssl.SSLContext:
+def _tls_context(verify: Verify) -> ssl.SSLContext:
     """A client context verifying like urllib3's (built at the first connection, as urllib3
     loads its CA bundle then: a missing bundle is a connection error, not a setup error)."""
     import ssl
@@ -116,9 +116,6 @@ def _tls_context(verify: bool | str) -> ssl.SSLContext:
     context = ssl.create_default_context(
         cafile=where.get("ca_certs"), capath=where.get("ca_cert_dir")
     )
-    if verify is False:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
     context.set_alpn_protocols(["http/1.1"])
     return context
 
@@ -295,7 +292,7 @@ class DirectPool:
         self,
         host: str,
         port: int,
-        tls: bool | str | None,
+        tls: Verify | None,
         size: int,
         options: Sequence[tuple[int, int, int | bytes]],
         tracker: _InflightTracker,

@@ -24,6 +24,7 @@ from tinker_sync._transport._connection import _InflightTracker, use_sdk_connect
 from tinker_sync._transport._direct import DirectPool, direct_pool
 from tinker_sync._transport._models import DEFAULT_POOL_SIZES, Pool
 from tinker_sync._transport._settings import (
+    Verify,
     _environment_settings,
     _proxy_for,
     check_proxies,
@@ -54,7 +55,7 @@ class _Route:
         base_url: str,
         size: int,
         tracker: _InflightTracker | None,
-        settings: tuple[Mapping[str, str], bool | str],
+        settings: tuple[Mapping[str, str], Verify],
         pool: Pool | None = None,
     ) -> None:
         proxies, verify = settings

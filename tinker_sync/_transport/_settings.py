@@ -23,7 +23,7 @@ import os
 import socket
 import urllib.parse
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from urllib3.connection import HTTPConnection
 
@@ -33,9 +33,12 @@ if TYPE_CHECKING:
     from tinker_sync._transport._models import Pool
 
 SocketOption = tuple[int, int, int | bytes]
+#: Certificate verification: True (certifi's bundle) or a CA bundle file or directory. It cannot
+#: be turned off (docs/transport.md#certificate-verification).
+Verify = Literal[True] | str
 
 
-def _environment_settings(base_url: str) -> tuple[dict[str, str], bool | str]:
+def _environment_settings(base_url: str) -> tuple[dict[str, str], Verify]:
     """Proxies and CA bundle from the environment, resolved once per server.
 
     The variables ``requests`` honours, read once rather than per request: ``HTTP(S)_PROXY`` /
@@ -49,7 +52,7 @@ def _environment_settings(base_url: str) -> tuple[dict[str, str], bool | str]:
     proxies: dict[str, str] = {}
     if found and not urllib.request.proxy_bypass(host):
         proxies = {k: v for k, v in found.items() if k in ("http", "https", "all")}
-    verify: bool | str = (
+    verify: Verify = (
         os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
     )
     return proxies, verify
@@ -59,12 +62,10 @@ def _proxy_for(proxies: Mapping[str, str], scheme: str) -> str | None:
     return proxies.get(scheme) or proxies.get("all")
 
 
-def ca_locations(verify: bool | str) -> dict[str, str]:
+def ca_locations(verify: Verify) -> dict[str, str]:
     """Where the CA certificates for ``verify`` are, in urllib3's keyword names: ``ca_certs``
-    (a bundle file; True means certifi's, as requests does) or ``ca_cert_dir``; empty when
-    ``verify`` is False. The one mapping both request paths use (docs/transport.md)."""
-    if verify is False:
-        return {}
+    (a bundle file; True means certifi's, as requests does) or ``ca_cert_dir``. The one mapping
+    both request paths use (docs/transport.md)."""
     if verify is True:
         from requests.utils import DEFAULT_CA_BUNDLE_PATH  # certifi's bundle
 
@@ -74,10 +75,8 @@ def ca_locations(verify: bool | str) -> dict[str, str]:
     return {"ca_certs": verify}
 
 
-def _tls_settings(verify: bool | str) -> dict[str, Any]:
+def _tls_settings(verify: Verify) -> dict[str, Any]:
     """urllib3 keyword arguments for ``verify`` (see :func:`ca_locations`)."""
-    if verify is False:
-        return {"cert_reqs": "CERT_NONE"}
     return {"cert_reqs": "CERT_REQUIRED", **ca_locations(verify)}
 
 
@@ -111,7 +110,7 @@ def socket_options(pool: Pool | None = None) -> list[SocketOption]:
 
 
 def connection_settings(
-    size: int, verify: bool | str | None, pool: Pool | None = None
+    size: int, verify: Verify | None, pool: Pool | None = None
 ) -> dict[str, Any]:
     """Keyword arguments for the urllib3 pool manager of one traffic type.
 

@@ -198,10 +198,6 @@ class Store:
                 self._conn.close()
 
     # ------------------------------------------------------------------ meta
-    def get_meta(self, key: str) -> str | None:
-        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
-        return str(rows[0]["value"]) if rows else None
-
     def setdefault_meta(self, key: str, value: str) -> str:
         """Store ``value`` under ``key`` unless present; return the stored value."""
         with self._tx() as conn:
@@ -332,10 +328,6 @@ class Store:
     def touch_run(self, run_id: str, when: float) -> None:
         with self._tx() as conn:
             conn.execute("UPDATE runs SET last_request_time = ? WHERE run_id = ?", (when, run_id))
-
-    def set_run_corrupted(self, run_id: str, corrupted: bool) -> None:
-        with self._tx() as conn:
-            conn.execute("UPDATE runs SET corrupted = ? WHERE run_id = ?", (int(corrupted), run_id))
 
     # ------------------------------------------------------------------ samplers
     def insert_sampler(self, row: SamplerRow) -> None:
