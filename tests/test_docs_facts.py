@@ -136,6 +136,49 @@ FACTS: list[Fact] = [
     Fact(r"(\d+) × the 90th percentile", [hedge.FACTOR]),
     Fact(r"at least ([\d.]+) s, and only if", [hedge.MIN_DELAY_S]),
     Fact(r"none until (\d+) latencies", [hedge.MIN_SAMPLES]),
+    # docs/limiter.md#who-reacts: who reacts to a 429, a 5xx or a connection error
+    Fact(r"`min\(0\.5·2\^k, (\d+)\)` s", [retry.MAX_RETRY_DELAY]),
+    Fact(r"up to `max_retries` \((\d+)\)", [_config.DEFAULT_MAX_RETRIES]),
+    Fact(r"once `timeout` \((\d+) s\) has passed", [_config.DEFAULT_TIMEOUT]),
+    Fact(
+        r"retried after `min\(2\^n, (\d+)\)` s within (\d+) s",
+        [retry.HOLDER_MAX_WAIT, retry.HOLDER_BUDGET_S],
+    ),
+    Fact(r"`stall_timeout` \((\d+) s\)", [_config.DEFAULT_STALL_TIMEOUT]),
+    Fact(
+        r"d = Retry-After in \(0, (\d+)\] s, else (\d+) s \(prompt ≤ (\d+) KiB\) or (\d+) s",
+        [
+            retry.RETRY_AFTER_MAX,
+            limiter.RATE_LIMIT_BACKOFF_S,
+            limiter.LARGE_PROMPT_BYTES / KIB,
+            limiter.LARGE_PROMPT_BACKOFF_S,
+        ],
+    ),
+    Fact(
+        r"for (\d+) s after it the count gate is (\d+) and bytes cost ×(\d+)",
+        [limiter.RECENT_BACKOFF_S, limiter.BACKED_OFF_COUNT, limiter.BACKED_OFF_BYTE_PENALTY],
+    ),
+    Fact(r"lossy for `_flow/hedge` for (\d+) s", [hedge.LOSSY_WINDOW_S]),
+    Fact(
+        r"`min\(0\.5·2\^a, (\d+)\)` s ± (\d+) %",
+        [RetryConfig().retry_delay_max, RetryConfig().jitter_factor * 100],
+    ),
+    Fact(r"`SamplingStuckError` after ([\d,]+) s", [RetryConfig().progress_timeout]),
+    Fact(r"`min\(2\^n, (\d+)\)` s \(counter shared", [decide.BACKOFF_MAX_S]),
+    Fact(r"connect timeout: `min\(2\^n, (\d+)\)` s", [decide.BACKOFF_MAX_S]),
+    Fact(r"`min\(0\.1·2\^n, (\d+)\)` s × U", [decide.SERVER_ERROR_MAX_S]),
+    Fact(r"`min\(0\.1·2\^m, (\d+)\)` s × U", [decide.LOST_REPLY_MAX_S]),
+    Fact(r"moves the limiter's deadline by (\d+) s", [limiter.PAUSED_QUEUE_BACKOFF_S]),
+    Fact(r"\| (\d+) s, then poll again", [poller.RETRYABLE_SLEEP_S]),
+    Fact(
+        r"Timeout\((\d+), connect=(\d+)\), max_retries=(\d+),\s+stall_timeout=(\d+),",
+        [
+            _config.DEFAULT_TIMEOUT,
+            _config.DEFAULT_CONNECT_TIMEOUT,
+            _config.DEFAULT_MAX_RETRIES,
+            _config.DEFAULT_STALL_TIMEOUT,
+        ],
+    ),
     # sessions, sampling retries, threads, sockets
     Fact(r"`close\(\)` \| (\d+) s for the background threads", [state.CLOSE_JOIN_TIMEOUT_S]),
     Fact(r"(\d+) s close bound", [state.CLOSE_JOIN_TIMEOUT_S]),
