@@ -64,6 +64,10 @@ LAYERS: dict[str, int] = {
     "_logging": 0,
 }
 
+#: Units whose private submodules others import directly, as their ``__init__`` says
+#: (``_wire``: "import the submodules directly"); elsewhere a unit's ``_module`` stays inside it.
+OPEN_SUBMODULES = frozenset({"_wire"})
+
 #: The local server is not a layer of the client: it may use only these client modules (and
 #: their submodules), and only the entry points (layer 5) may import it.
 SERVER = "local"
@@ -158,6 +162,22 @@ def unit_of(dotted: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+def _private_name(edge: Edge) -> str | None:
+    """The underscored name ``edge`` takes from another unit, if any.
+
+    A unit itself may be underscored (``_flow``, ``_pending``); what it holds may not cross:
+    an ``_name`` defined in one of its modules, or an ``_module`` of it imported by name
+    (except the units in OPEN_SUBMODULES).
+    """
+    name = edge.name
+    if name is None or not name.startswith("_") or name.startswith("__"):
+        return None
+    if edge.target.endswith(f".{name}"):  # a submodule imported by name
+        if len(edge.target.split(".")) == 2 or unit_of(edge.target) in OPEN_SUBMODULES:
+            return None  # a unit (``from tinker_sync import _pending``) or an open submodule
+    return name
+
+
 def violations(edges: list[Edge]) -> list[str]:
     """The edges that run against the layers, the server rule or the private-name rule."""
     found: list[str] = []
@@ -165,6 +185,12 @@ def violations(edges: list[Edge]) -> list[str]:
         src, dst = unit_of(edge.source), unit_of(edge.target)
         if src == dst:
             continue
+        private = _private_name(edge)
+        if private is not None:
+            found.append(
+                f"{edge}: {private} is private to {dst or 'tinker_sync'}; expose it without "
+                "the underscore where it is defined, or re-export it"
+            )
         if src == SERVER:
             if not edge.target.startswith(SERVER_MAY_IMPORT):
                 found.append(f"{edge}: the local server uses only {', '.join(SERVER_MAY_IMPORT)}")
@@ -238,6 +264,12 @@ def test_the_table_matches_architecture_md() -> None:
         ("tinker_sync._session.state", "from tinker_sync.local import LocalServer\n", 1),
         # a relative import resolved against the package
         ("tinker_sync._flow.retry", "from ..sampling_client import SamplingClient\n", 1),
+        # an underscored name from another unit (also for type hints), and the allowed forms
+        ("tinker_sync._sampling.job", "from tinker_sync._flow.retry import _header\n", 1),
+        ("tinker_sync._polling.loop", "from tinker_sync._transport import _pools\n", 1),
+        ("tinker_sync._flow.retry", "from tinker_sync._flow.limiter import _x\n", 0),
+        ("tinker_sync._sampling.job", "from tinker_sync._wire import _proto\n", 0),
+        ("tinker_sync.training_client", "from tinker_sync import _pending\n", 0),
     ],
 )
 def test_the_check_catches_a_wrong_edge(module: str, source: str, expected: int) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from tinker_sync.types import Datum, SamplingParams, TensorData
-from tinker_sync.types._datum import _LOSS_FN_REQUIRED_INPUTS, _PER_TOKEN_INPUTS
+from tinker_sync.types._datum import LOSS_FN_REQUIRED_INPUTS, PER_TOKEN_INPUTS
 
 __all__ = [
     "AccessScope",
@@ -116,7 +116,7 @@ def _dense_shape(tensor: TensorData) -> tuple[int, ...]:
 
 def check_loss_inputs(data: Sequence[Datum], loss_fn: str) -> None:
     """Each datum has the inputs ``loss_fn`` needs, one row per ``model_input`` token."""
-    required = _LOSS_FN_REQUIRED_INPUTS.get(loss_fn)
+    required = LOSS_FN_REQUIRED_INPUTS.get(loss_fn)
     if required is None:  # "custom": the client computes it, its inputs are the user's
         return
     for i, datum in enumerate(data):
@@ -135,7 +135,7 @@ def check_loss_inputs(data: Sequence[Datum], loss_fn: str) -> None:
                 f"data[{i}].model_input has {n_tokens} tokens: it needs one row per input "
                 f"token, shape [{n_tokens}] or [{n_tokens}, K]"
             )
-        for key in _PER_TOKEN_INPUTS:
+        for key in PER_TOKEN_INPUTS:
             tensor = inputs.get(key)
             if tensor is not None and _dense_shape(tensor) != targets:
                 raise ValueError(

@@ -49,7 +49,7 @@ from cattrs.gen import make_dict_structure_fn
 from tinker_sync import types as T
 from tinker_sync.exceptions import RequestErrorCategory
 from tinker_sync.types._base import (
-    _check_bytes,
+    check_bytes,
     dump,
     is_model_class,
     parse_datetime,
@@ -117,7 +117,7 @@ def _s_bool(value: Any, _: Any) -> bool:
 
 
 def _s_bytes(value: Any, _: Any) -> bytes:
-    return _check_bytes(value, "value", strict=True)
+    return check_bytes(value, "value", strict=True)
 
 
 def _s_datetime(value: Any, _: Any) -> _dt.datetime:

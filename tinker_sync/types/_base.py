@@ -436,7 +436,7 @@ def _check_bool(value: Any, path: str) -> bool:
         raise _invalid(path, exc, value) from None
 
 
-def _check_bytes(value: Any, path: str, strict: bool = False) -> bytes:
+def check_bytes(value: Any, path: str, strict: bool = False) -> bytes:
     if type(value) is bytes:
         return value
     if isinstance(value, (bytearray, memoryview)):
@@ -759,7 +759,7 @@ _SIMPLE: dict[Any, Check] = {
     float: _check_float,
     str: _check_str,
     bool: _check_bool,
-    bytes: _check_bytes,
+    bytes: check_bytes,
     _dt.datetime: _check_datetime,
     Any: _any,
     object: _any,

@@ -56,7 +56,7 @@ def validate_loss_fn(name: Any) -> LossFnType:
 
 
 _RL_INPUTS = ("target_tokens", "logprobs", "advantages")
-_LOSS_FN_REQUIRED_INPUTS: Mapping[str, tuple[str, ...]] = {
+LOSS_FN_REQUIRED_INPUTS: Mapping[str, tuple[str, ...]] = {
     "cross_entropy": ("target_tokens",),
     "importance_sampling": _RL_INPUTS,
     "ppo": _RL_INPUTS,
@@ -66,7 +66,7 @@ _LOSS_FN_REQUIRED_INPUTS: Mapping[str, tuple[str, ...]] = {
     "stable_reinforce": _RL_INPUTS,
 }
 """The ``loss_fn_inputs`` each built-in loss needs (client-side checks and the local server)."""
-_PER_TOKEN_INPUTS = (
+PER_TOKEN_INPUTS = (
     "weights",
     "logprobs",
     "advantages",

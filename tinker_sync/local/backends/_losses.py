@@ -23,14 +23,14 @@ import numpy.typing as npt
 
 from tinker_sync.local.backends._common import LOSS_FN_NAMES
 from tinker_sync.local.backends.base import DatumArrays, UserError
-from tinker_sync.types._datum import _LOSS_FN_REQUIRED_INPUTS, _PER_TOKEN_INPUTS
+from tinker_sync.types._datum import LOSS_FN_REQUIRED_INPUTS, PER_TOKEN_INPUTS
 
 F64 = npt.NDArray[np.float64]
 
 #: Inputs every RL-style loss needs besides ``target_tokens``.
 _RL_REQUIRED = ("logprobs", "advantages")
 #: Optional float inputs that must match the shape of ``target_tokens`` when present.
-_OPTIONAL_FLOATS = tuple(k for k in _PER_TOKEN_INPUTS if k not in _RL_REQUIRED)
+_OPTIONAL_FLOATS = tuple(k for k in PER_TOKEN_INPUTS if k not in _RL_REQUIRED)
 
 DEFAULT_CLIP_LOW = 0.8
 DEFAULT_CLIP_HIGH = 1.2
@@ -81,7 +81,7 @@ def prepare_inputs(
             "Datum.with_provenance(...) naming sequence_ids sampled with "
             "record_stability_info=True"
         )
-    for key in _LOSS_FN_REQUIRED_INPUTS.get(loss_fn, ("target_tokens",)):
+    for key in LOSS_FN_REQUIRED_INPUTS.get(loss_fn, ("target_tokens",)):
         if key not in inputs:
             raise UserError(f"loss_fn {loss_fn!r} requires loss_fn_inputs[{key!r}]")
     raw_targets = np.asarray(inputs["target_tokens"])
