@@ -222,9 +222,51 @@ def test_every_module_has_a_layer() -> None:
     assert not set(LAYERS) - units, "LAYERS names units that no longer exist"
 
 
+def test_the_top_level_holds_at_most_12_private_modules() -> None:
+    """Private machinery lives in subpackages named for their concern (ARCHITECTURE.md)."""
+    private = sorted(
+        p.name for p in PACKAGE.glob("_*.py") if not (p.name.startswith("__") or p.is_dir())
+    )
+    assert len(private) <= 12, f"{len(private)} private modules at the top: {private}"
+
+
 def test_imports_follow_the_layers() -> None:
     found = violations(_all_edges())
     assert not found, "imports against the layers of ARCHITECTURE.md:\n" + "\n".join(found)
+
+
+def _declared_imports(package: Path) -> set[str] | None:
+    """The units a subpackage's ``__init__`` docstring says it imports ("Imports: ...;")."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8")))
+    if not doc or "Imports:" not in doc:
+        return None
+    declared = doc.split("Imports:", 1)[1].split(";", 1)[0]
+    return {
+        unit_of(f"tinker_sync.{name.removeprefix('tinker_sync.')}")
+        for name in re.findall(r"``([\w.]+)``", declared)
+    }
+
+
+def test_each_subpackage_imports_what_its_docstring_says() -> None:
+    edges = _all_edges()
+    checked = 0
+    for package in sorted(p.parent for p in PACKAGE.glob("_*/__init__.py")):
+        declared = _declared_imports(package)
+        if declared is None:
+            continue
+        checked += 1
+        unit = package.name
+        undeclared = sorted(
+            {
+                f"{e.source} imports {e.target}"
+                for e in edges
+                if unit_of(e.source) == unit
+                and unit_of(e.target) not in (unit, *declared)
+                and not e.type_checking
+            }
+        )
+        assert not undeclared, f"{unit}/__init__.py does not list these imports: {undeclared}"
+    assert checked >= 6
 
 
 def test_the_table_matches_architecture_md() -> None:
