@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tinker_sync._flow.retry import BILLING_PAUSE_S  # one billing pause for every layer
 from tinker_sync.exceptions import (
     APIConnectError,
     APIResponseValidationError,
@@ -37,7 +38,6 @@ from tinker_sync.exceptions import (
 
 PROTOBUF = "application/x-protobuf"
 MAX_BAD_400 = 3
-BILLING_PAUSE_S = 5.0
 #: Caps of the poll delays (docs/polling.md#delays): after a 429 or no connection, after a
 #: 5xx, after a reply lost on an open connection, after a ``try_again`` answered too fast
 #: (one that came back sooner than FAST_TRY_AGAIN_S).

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tinker_sync._config import Timeout
 from tinker_sync._flow.health import Progress, StallWatch
-from tinker_sync._flow.retry import classify
+from tinker_sync._flow.retry import BILLING_PAUSE_S, classify
 from tinker_sync._runtime.clock import exiting
 from tinker_sync._runtime.executor import BoundedLane, pool
 from tinker_sync._runtime.fork import make_condition, make_lock, register_after_fork
@@ -64,7 +64,6 @@ ACK_POLL_TIMEOUT = Timeout(5.0, connect=5.0)
 CANCEL_TIMEOUT = Timeout(30.0, connect=5.0)
 MAX_BAD_REQUEST_RETRIES = 3
 RETRYABLE_SLEEP_S = 1.0
-BILLING_SLEEP_S = 5.0
 FETCH_LANE_LIMIT = 10
 IDLE_EXIT_S = 30.0
 MAX_FORGOTTEN = 10_000
@@ -300,7 +299,7 @@ class SessionFuturesPoller:
                     and exc.status_code == 402
                     and self.session.billing.should_pause(clock.monotonic(), exc.message)
                 ):
-                    clock.sleep(BILLING_SLEEP_S, "futures-poller-billing")
+                    clock.sleep(BILLING_PAUSE_S, "futures-poller-billing")
                     continue
                 info = classify(exc)
                 if info.retryable:
