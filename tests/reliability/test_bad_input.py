@@ -156,7 +156,8 @@ ROWS = [
         TypeError,
         "learning_rate",
     ),
-    Row("AdamParams.beta1-bool", lambda c: types.AdamParams(beta1=True), TypeError, "beta1"),
+    # a bool is a number to pydantic (True -> 1.0), as in the official types; a list is not
+    Row("AdamParams.beta1-list", lambda c: types.AdamParams(beta1=[0.9]), TypeError, "beta1"),
     Row(
         "TensorData.dtype",
         lambda c: types.TensorData(data=[1.0, 2.0], dtype="float64"),
