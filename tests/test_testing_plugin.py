@@ -3,11 +3,15 @@ VirtualSleepClock on its own."""
 
 from __future__ import annotations
 
+import inspect
+import re
+import textwrap
 import threading
 import time
 
 import pytest
 
+import tinker_sync.testing
 from tinker_sync.testing import Sleep, VirtualSleepClock
 
 pytest_plugins = ["pytester"]
@@ -149,6 +153,107 @@ def test_marker_is_registered(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(CONFTEST)
     result = pytester.runpytest_inprocess("--markers", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*tinker_server(backend=*"])
+
+
+def docstring_examples() -> dict[str, str]:
+    """Every ``::`` example block in tinker_sync.testing's docstrings, as ``{file name: code}``.
+
+    A block is a sequence of files, each introduced by a ``# <name>.py`` comment line.
+    """
+    module = tinker_sync.testing
+    docs = [module.__doc__ or ""] + [
+        inspect.getdoc(obj) or ""
+        for name in module.__all__
+        if (obj := getattr(module, name)) is not None and name != "__doc__"
+    ]
+    files: dict[str, str] = {}
+    for doc in docs:
+        for block in re.findall(r"::\n\n((?:(?: {4}.*)?\n)+)", inspect.cleandoc(doc) + "\n"):
+            code = textwrap.dedent(block)
+            parts = re.split(r"^# (\S+\.py)\n", code, flags=re.M)
+            assert not parts[0].strip(), f"example without a '# <file>.py' line: {code!r}"
+            for name, body in zip(parts[1::2], parts[2::2], strict=True):
+                files[name] = files.get(name, "") + body
+    return files
+
+
+def test_docstring_examples_run(pytester: pytest.Pytester) -> None:
+    files = docstring_examples()
+    assert "conftest.py" in files and len(files) >= 3
+    tests = sum(len(re.findall(r"^def test_", code, flags=re.M)) for code in files.values())
+    assert tests >= 4
+    for name, code in files.items():
+        pytester.path.joinpath(name).write_text(code)
+    result = pytester.runpytest_subprocess("--strict-markers", "-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=tests)
+
+
+FAULT_KINDS = """
+import pytest
+
+from tinker_sync import types
+from tinker_sync.exceptions import RequestFailedError
+
+PROMPT = types.ModelInput.from_ints([1, 2, 3])
+DATUM = types.Datum(model_input=PROMPT, loss_fn_inputs={"target_tokens": [2, 3, 4]})
+
+SAMPLE_FAULTS = [
+    "asample 429 x2", "asample 429 x2 retry_after=3", "asample 429 retry_after_ms=1500",
+    "asample 429 retry_after_date=5", "asample 503 x2", "asample 409", "asample 408",
+    "asample drop-before", "asample drop-after", "asample 500 delay=0.1",
+    "retrieve_future paused_rate_limit x3", "retrieve_future paused_capacity x3",
+    "retrieve_future 503 x2", "retrieve_future 429 x2 retry_after=2", "retrieve_future expire",
+    "retrieve_future metadata", "retrieve_future drop-before", "retrieve_future drop-after",
+    "create_sampling_session 503",
+]
+TRAIN_FAULTS = [
+    "forward_backward 429 x2", "forward_backward 503 x2", "forward_backward drop-before",
+    "forward_backward drop-after", "optim_step 503", "create_model 503",
+    "retrieve_future paused_capacity x3 match.request_type=ForwardBackward",
+    "retrieve_future 503 x2 match.request_type=ForwardBackward",
+    "retrieve_future 429 retry_after_date=4 match.request_type=OptimStep",
+    "retrieve_future drop-after match.request_type=OptimStep",
+]
+
+
+@pytest.mark.tinker_server(backend="tiny")
+@pytest.mark.parametrize("fault", SAMPLE_FAULTS)
+def test_sample(fault, tinker_faults, tinker_service_client, tinker_sleeps):
+    tinker_faults.add(fault)
+    sampler = tinker_service_client.create_sampling_client(base_model="tinker-sync/tiny")
+    result = sampler.sample(PROMPT, 2, types.SamplingParams(max_tokens=3)).result(timeout=60)
+    assert len(result.sequences) == 2
+    tinker_faults.assert_exhausted()
+
+
+@pytest.mark.tinker_server(backend="tiny")
+@pytest.mark.parametrize("fault", TRAIN_FAULTS)
+def test_train(fault, tinker_faults, tinker_service_client, tinker_sleeps):
+    tinker_faults.add(fault)
+    training = tinker_service_client.create_lora_training_client("tinker-sync/tiny", rank=2)
+    training.forward_backward([DATUM], "cross_entropy").result(timeout=60)
+    training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
+    tinker_faults.assert_exhausted()
+
+
+@pytest.mark.tinker_server(backend="tiny")
+@pytest.mark.parametrize("endpoint", ["retrieve_future fail:server match.request_type=Sample"])
+def test_failures_are_raised(endpoint, tinker_faults, tinker_service_client, tinker_sleeps):
+    tinker_faults.add(endpoint)
+    sampler = tinker_service_client.create_sampling_client(base_model="tinker-sync/tiny")
+    with pytest.raises(RequestFailedError):
+        sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=3)).result(timeout=60)
+"""
+
+
+def test_every_fault_kind_works_under_tinker_sleeps(pytester: pytest.Pytester) -> None:
+    # A 429 on a sample used to extend its own backoff deadline on every timer pass (the
+    # wall-clock copy shared with other processes did not move with the virtual clock), until
+    # the stall deadline failed the sample with SamplingStuckError within a second.
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_faults=FAULT_KINDS)
+    result = pytester.runpytest_subprocess("--strict-markers", "-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=30)
 
 
 # -- VirtualSleepClock ------------------------------------------------------------------------

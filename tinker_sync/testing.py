@@ -1,6 +1,6 @@
 """pytest plugin: a local Tinker server, clients and a virtual backoff clock for your tests.
 
-Usage (opt-in; nothing loads automatically)::
+Usage (opt-in; nothing loads automatically; tests/test_testing_plugin.py runs these examples)::
 
     # conftest.py
     pytest_plugins = ["tinker_sync.testing"]
@@ -8,14 +8,38 @@ Usage (opt-in; nothing loads automatically)::
     # test_training.py
     import pytest
 
+    from tinker_sync import types
+
+    PROMPT = types.ModelInput.from_ints([1, 2, 3])
+
+
     def test_train(tinker_service_client):             # bound to a fresh LocalServer
         tc = tinker_service_client.create_lora_training_client("tinker-sync/tiny", rank=4)
-        ...
+        datum = types.Datum(model_input=PROMPT, loss_fn_inputs={"target_tokens": [2, 3, 4]})
+        tc.forward_backward([datum], "cross_entropy").result(timeout=60)
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
+
+
+    @pytest.mark.tinker_server(faults=["get_server_capabilities 503 x2"])
+    def test_http_retries(tinker_server, tinker_service_client, tinker_sleeps):
+        tinker_service_client.get_server_capabilities()   # TINKER_BASE_URL/_API_KEY point at it
+        assert tinker_sleeps.delays("http-retry") == [0.5, 1.0]
+
 
     @pytest.mark.tinker_server(backend="tiny", faults=["asample 429 x2"])
-    def test_retries(tinker_server, tinker_service_client, tinker_sleeps):
-        ...                                             # TINKER_BASE_URL/_API_KEY point at it
-        assert tinker_sleeps.delays("http-retry") == [0.5, 1.0]
+    def test_sampling_backoff(tinker_service_client, tinker_sleeps, tinker_faults):
+        sampler = tinker_service_client.create_sampling_client(base_model="tinker-sync/tiny")
+        sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=4)).result(timeout=60)
+        # each 429 sets the shared sampling backoff (1 s without Retry-After)
+        assert tinker_sleeps.delays("backoff-wait") == pytest.approx([1.0, 1.0], abs=0.2)
+        tinker_faults.assert_exhausted()
+
+What each wait is recorded as: HTTP retries of a request (``"http-retry"``); a sample's
+backoff after a 429 or a retried failure, which waits on the SDK's timer (``"backoff-wait"``,
+the remaining time to the deadline); the pauses between polls of a pending result
+(``"poll:<why>"``, e.g. ``"poll:try_again"``). Backoff deadlines and the sampling stall
+deadline (``RetryConfig.progress_timeout``) both run on the virtual clock, so every fault kind
+of the local server works under ``tinker_sleeps``.
 
 Fixtures (function scope): ``tinker_server`` (a started ``LocalServer``, ``instant`` backend
 unless the ``tinker_server`` marker says otherwise; its URL and key are patched into the
@@ -97,12 +121,19 @@ class Sleep(NamedTuple):
 class VirtualSleepClock:
     """A clock whose backoff sleeps are recorded and return at once.
 
-    Usage::
+    Usage (without the ``tinker_sleeps`` fixture)::
 
-        clock = VirtualSleepClock()
-        client = tinker_sync.ServiceClient(_clock=clock)
-        ...
-        assert clock.delays("http-retry") == [0.5, 1.0]
+        # test_clock.py
+        import tinker_sync
+        from tinker_sync.testing import VirtualSleepClock
+
+
+        def test_virtual_clock(tinker_server, tinker_faults):
+            clock = VirtualSleepClock()
+            tinker_faults.add("get_server_capabilities 503 x2")
+            with tinker_sync.ServiceClient(_clock=clock) as client:
+                client.get_server_capabilities()
+            assert clock.delays("http-retry") == [0.5, 1.0]
 
     * ``sleep(seconds, reason)`` records a :class:`Sleep` and advances virtual time.
     * Timed waits on a ``threading.Condition`` (the shared sampling backoff) are virtual too:

@@ -179,6 +179,10 @@ class Limiter:
         self._active = 0
         self._users = 0  # started sessions using this limiter
         self._bad_shared_logged = False
+        #: The wall deadline this limiter last published: read back, it is ours, not another
+        #: process's (compared by value, so a clock whose wall and monotonic readings drift
+        #: apart, such as tinker_sync.testing's virtual clock, cannot extend it).
+        self._own_wall: float | None = None
 
     # ---------------------------------------------------------------- sizing
 
@@ -229,16 +233,18 @@ class Limiter:
         client's) receive a ``backoff_set`` event when it moved.
         """
         now = self.clock.monotonic()
+        wall = self.clock.time() + seconds
         with self._lock:
             until = now + seconds
             moved = until > self.backoff_until
             if moved:
                 self.backoff_until = until
+                self._own_wall = wall
             result = self.backoff_until
         shared = self._shared_file() if moved else None
         if shared is not None:
             try:
-                shared.publish(self.clock.time() + (until - now))
+                shared.publish(wall)
             except (OSError, ValueError) as exc:  # e.g. the file vanished: per process now
                 log.debug("could not publish the sampling backoff: %s", exc)
         if moved:
@@ -265,7 +271,7 @@ class Limiter:
         if shared is None:
             return
         wall = shared.read()
-        if wall is None:
+        if wall is None or wall == self._own_wall:
             return
         remaining = wall - self.clock.time()
         if remaining <= 0:
