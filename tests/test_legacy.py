@@ -121,3 +121,62 @@ def test_current_servers_keep_create_via_load(server, service) -> None:
     (load,) = server.requests.filter(endpoint="load_weights")
     assert load.status == 200 and load.json["session_id"] == service._session.session_id
     assert server.requests.count("weights_info") == 0
+
+
+def test_bodies_leave_out_newer_fields_at_their_default(server, service) -> None:
+    """Fields newer than protocol 0.25 are sent only when they differ from their default, or
+    when the caller set them: servers whose 0.25 request models forbid unknown keys (TuFT)
+    accept the bodies (docs/migration.md#older-and-independent-servers)."""
+    training = service.create_lora_training_client("base", rank=4)
+    training.save_weights_for_sampler("s").result(HANG)
+    sampler = training.save_weights_and_get_sampling_client()
+    sampler.sample(
+        types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2)
+    ).result(HANG)
+    sampler.sample(
+        types.ModelInput.from_ints([1, 2]),
+        1,
+        types.SamplingParams(max_tokens=2),
+        topk_sample_logprobs=2,
+    ).result(HANG)
+    adam = service.create_lora_training_client(
+        "base", rank=4, optimizer=types.AdamOptimizerConfig()
+    )
+
+    first, explicit = (r.json for r in server.requests.filter(endpoint="create_model"))
+    assert "optimizer_config" not in first
+    assert explicit["optimizer_config"] == {"type": "adamw"}  # the caller asked for it
+    for save in server.requests.filter(endpoint="save_weights_for_sampler"):
+        assert "kind" not in save.json
+    plain, topk = (r.json for r in server.requests.filter(endpoint="asample"))
+    newer = ("topk_sample_logprobs", "prompt_alt_tokens_k", "record_stability_info")
+    assert not set(newer) & set(plain)
+    assert topk["topk_sample_logprobs"] == 2
+    assert adam.get_info().model_id == adam.model_id
+
+
+@pytest.mark.parametrize(
+    ("detail", "falls_back"), [("Missing model_id", True), ("Checkpoint not found", False)]
+)
+def test_resume_falls_back_on_a_400_asking_for_model_id(
+    server, service, detail: str, falls_back: bool
+) -> None:
+    """A server that loads weights only into an existing model (TuFT) answers create-via-load
+    with 400 "Missing model_id": that is the older-server fallback too; any other 400 is the
+    caller's error (docs/design/behavior.md#older-servers)."""
+    training = service.create_lora_training_client("base", rank=4)
+    path = training.save_state("ckpt").result(HANG).path
+    server.faults.add({"endpoint": "load_weights", "status": 400, "body": {"detail": detail}})
+    if not falls_back:
+        with pytest.raises(tinker_sync.BadRequestError, match=detail):
+            service.create_training_client_from_state(path)
+        return
+    try:
+        resumed = service.create_training_client_from_state(path)
+    finally:
+        with service_client._legacy_lock:
+            service_client._legacy_load_servers.clear()
+    assert resumed.forward_backward(batch(1), "cross_entropy").result(HANG)
+    loads = server.requests.filter(endpoint="load_weights")
+    assert [(r.status, "model_id" in r.json) for r in loads] == [(400, False), (200, True)]
+    assert server.requests.count("weights_info") == 1

@@ -82,7 +82,7 @@ from tinker_sync._validate import check_int, check_sampling_params
 
 # Imported here, not lazily on worker threads: a fork during a first import on another
 # thread would leave that module's import lock held forever in the child.
-from tinker_sync._wire._converter import to_json
+from tinker_sync._wire._converter import omit_new_defaults, to_json
 from tinker_sync.exceptions import (
     APIResponseValidationError,
     ClientClosedError,
@@ -452,7 +452,7 @@ class SamplingClient:
             body["target_prompt_logprobs"] = to_json(target_prompt_logprobs)
         if prompt_logprobs_last_n is not None:
             body["prompt_logprobs_last_n"] = prompt_logprobs_last_n
-        return body
+        return omit_new_defaults(body)  # 0.25 servers reject fields they do not know
 
     def _submit(
         self,

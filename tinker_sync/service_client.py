@@ -37,8 +37,9 @@ from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
 from tinker_sync._session.state import Session
 from tinker_sync._session.telemetry import captures_exceptions
 from tinker_sync._transport import Hook, Pool, RequestSpec, quote_path, sdk_method_scope
-from tinker_sync._wire._converter import from_json, to_json
+from tinker_sync._wire._converter import from_json, omit_new_defaults, to_json
 from tinker_sync.exceptions import (
+    BadRequestError,
     ExperimentalWarning,
     NotFoundError,
     UnprocessableEntityError,
@@ -245,7 +246,6 @@ class ServiceClient:
             train_mlp=train_mlp,
             train_attn=train_attn,
         )
-        optimizer = optimizer if optimizer is not None else AdamOptimizerConfig()
         return _pending.create(
             _pending_training_client,
             "create_lora_training_client",
@@ -261,7 +261,7 @@ class ServiceClient:
         self,
         base_model: str,
         lora: LoraConfig,
-        optimizer: OptimizerConfig,
+        optimizer: OptimizerConfig | None,
         user_metadata: dict[str, str] | None,
     ) -> TrainingClient:
         with sdk_method_scope("ServiceClient.create_lora_training_client"):
@@ -272,11 +272,13 @@ class ServiceClient:
                 "model_seq_id": model_seq,
                 "base_model": base_model,
                 "lora_config": to_json(lora),
-                "optimizer_config": to_json(optimizer),
+                "optimizer_config": to_json(optimizer or AdamOptimizerConfig()),
                 "type": "create_model",
             }
             if user_metadata is not None:
                 body["user_metadata"] = dict(user_metadata)
+            # AdamW is the default: left out unless asked for, so 0.25 servers accept the body
+            body = omit_new_defaults(body, keep=() if optimizer is None else ("optimizer_config",))
             created = self._submit_and_wait(
                 RequestSpec(method="POST", path="/api/v1/create_model", pool=Pool.TRAIN, json=body),
                 "CreateModel",
@@ -421,7 +423,7 @@ class ServiceClient:
                         "training", session.clock, identifier=path, prefix="Model creation"
                     ),
                 )
-            except (NotFoundError, UnprocessableEntityError) as exc:
+            except (BadRequestError, NotFoundError, UnprocessableEntityError) as exc:
                 if not _rejects_request_shape(exc):
                     raise
                 with _legacy_lock:
@@ -715,12 +717,16 @@ def _pending_sampling_client(future: APIFuture[SamplingClient]) -> SamplingClien
     return PendingSamplingClient(future)
 
 
-def _rejects_request_shape(exc: NotFoundError | UnprocessableEntityError) -> bool:
+def _rejects_request_shape(
+    exc: BadRequestError | NotFoundError | UnprocessableEntityError,
+) -> bool:
     """True when a create-via-load was refused for its shape, not for a missing resource
     (docs/design/behavior.md#older-servers).
 
     A 422 always means the server does not understand the request; a 404 only when it is
-    about the route itself (an older server without the endpoint), not a missing checkpoint.
+    about the route itself (an older server without the endpoint), not a missing checkpoint;
+    a 400 only when it asks for the ``model_id`` this request leaves out (servers that load
+    weights only into an existing model, such as TuFT: ``"Missing model_id"``).
     """
     if isinstance(exc, UnprocessableEntityError):
         return True
@@ -728,4 +734,6 @@ def _rejects_request_shape(exc: NotFoundError | UnprocessableEntityError) -> boo
         detail = exc.response.json().get("detail")
     except Exception:
         detail = None
+    if isinstance(exc, BadRequestError):
+        return isinstance(detail, str) and "missing model_id" in detail.lower()
     return detail in (None, "Not Found") or "endpoint" in str(detail).lower()

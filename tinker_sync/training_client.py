@@ -44,7 +44,7 @@ from tinker_sync._validate import check_checkpoint_name, check_loss_inputs, chec
 
 # Imported here, not lazily on worker threads (a fork during a first import on another
 # thread would leave the module's import lock held in the child).
-from tinker_sync._wire._converter import from_json, to_json
+from tinker_sync._wire._converter import from_json, omit_new_defaults, to_json
 from tinker_sync._wire._jsonresults import forward_backward_output_from_json
 from tinker_sync._wire._pbwire import uvarint
 from tinker_sync._wire._zstd import maybe_compress
@@ -237,7 +237,7 @@ class TrainingClient:
                 method="POST",
                 path=path,
                 pool=Pool.TRAIN,
-                json=body(ids[0]),
+                json=omit_new_defaults(body(ids[0])),  # 0.25 servers reject newer fields
                 sdk_method=sdk_method,
                 max_retries=max_retries,
             )

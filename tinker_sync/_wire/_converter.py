@@ -553,3 +553,50 @@ def from_json(cls: type[_T], data: Any) -> _T:
         raise WireValidationError(name, errors) from None
     except (TypeError, ValueError, KeyError) as exc:
         raise WireValidationError(name, [f"{_format(exc, None)} @ $"]) from None
+
+
+# -- fields newer than the oldest protocol spoken ----------------------------------------------
+
+#: Request fields the protocol gained after 0.25, the oldest version tinker_sync speaks (the
+#: one independent servers such as TuFT 0.2.2 implement, with request models that forbid
+#: unknown keys): ``{request type: {field: (version it arrived in, its default)}}``.
+#: :func:`omit_new_defaults` leaves such a field out of a body while it holds that default, so
+#: an older server accepts the body and a newer one reads the same default
+#: (docs/migration.md#older-and-independent-servers).
+NEWER_REQUEST_FIELDS: Mapping[str, Mapping[str, tuple[str, Any]]] = {
+    "create_session": {"display_name": ("0.34.0", None)},
+    "create_model": {"optimizer_config": ("0.30.0", {"type": "adamw"})},
+    "load_weights": {"optimizer_config": ("0.30.0", None)},
+    "save_weights": {"user_metadata": ("0.28.0", None)},
+    "save_weights_for_sampler": {
+        "user_metadata": ("0.28.0", None),
+        "kind": ("0.38.0", "snapshot"),
+    },
+    "sample": {
+        "record_stability_info": ("0.26.2", False),
+        "topk_sample_logprobs": ("0.29.0", 0),
+        "target_prompt_logprobs": ("0.30.0", None),
+        "prompt_alt_tokens_k": ("0.31.0", 0),
+        "prompt_logprobs_last_n": ("0.33.0", None),
+    },
+}
+
+
+def omit_new_defaults(body: dict[str, Any], keep: Sequence[str] = ()) -> dict[str, Any]:
+    """``body`` (a request's wire JSON, tagged by ``type``) without its newer-than-0.25 fields
+    that hold their default (see :data:`NEWER_REQUEST_FIELDS`).
+
+    ``keep``: fields the caller set explicitly, sent even at their default value.
+    """
+    newer = NEWER_REQUEST_FIELDS.get(body.get("type", ""))
+    if not newer:
+        return body
+    out = {}
+    for key, value in body.items():
+        spec = newer.get(key)
+        if spec is not None and key not in keep:
+            default = spec[1]
+            if value is None or (type(value) is type(default) and value == default):
+                continue
+        out[key] = value
+    return out
