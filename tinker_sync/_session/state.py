@@ -592,6 +592,10 @@ class Session:
                 )
                 try:
                     self._loop(self._transport, spec)
+                except NotFoundError:  # a server without the route (TuFT, older protocols)
+                    log.info(
+                        "server has no session finish endpoint; %s ends on its own", self.session_id
+                    )
                 except Exception as exc:
                     log.warning("could not finish session %s: %s", self.session_id, exc)
         finally:
