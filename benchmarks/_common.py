@@ -56,6 +56,10 @@ _SCALEOUT = {"procs": [1, 2, 4], "prompt": 64, "max_tokens": 16}
 #: faulted and a fault-free run with its own fault seed.
 _LOSSY = {"rate": 0.05, "threads": 8, "steps": 15, "sample_threads": 16}
 
+#: P12 (GIL pressure): ``n`` samples submitted at once while the main thread runs a pure-Python
+#: loop until the last one is done; the loop alone runs ``solo_s`` seconds before and after.
+_GIL = {"prompt": 64, "max_tokens": 16}
+
 #: Per mode and benchmark: the workload size and the repetition counts. ``warmup`` runs are not
 #: recorded. ``reps`` >= 5 in the full mode, >= 3 under --quick, 1 under --smoke.
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
@@ -79,6 +83,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 3000, "warmup": 100, "reps": 5},
         "lossy": {**_LOSSY, "samples": 1000, "reps": 5},
         "download": {"size_mb": 200, "cuts": 5, "reps": 5},
+        "gil": {**_GIL, "n": 500, "warmup": 100, "solo_s": 1.0, "reps": 5},
     },
     "quick": {
         "sample": {"n": 500, "prompt": 64, "max_tokens": 16, "warmup": 100, "reps": 3},
@@ -100,6 +105,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 1000, "warmup": 50, "reps": 3},
         "lossy": {**_LOSSY, "samples": 300, "reps": 3},
         "download": {"size_mb": 200, "cuts": 5, "reps": 3},
+        "gil": {**_GIL, "n": 500, "warmup": 100, "solo_s": 1.0, "reps": 3},
     },
     "smoke": {
         "sample": {"n": 20, "prompt": 64, "max_tokens": 16, "warmup": 0, "reps": 1},
@@ -121,6 +127,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "scaleout": {**_SCALEOUT, "concurrency": 8, "n": 24, "warmup": 0, "reps": 1},
         "lossy": {**_LOSSY, "threads": 1, "steps": 2, "samples": 8, "sample_threads": 4, "reps": 1},
         "download": {"size_mb": 2, "cuts": 5, "reps": 1},
+        "gil": {**_GIL, "n": 20, "warmup": 0, "solo_s": 0.1, "reps": 1},
     },
 }
 # P1T / P7T: the P1 and P7 workloads over HTTPS (the same sizes).
@@ -514,14 +521,30 @@ TELEMETRY = {"value": "0"}
 TLS_CA: dict[str, str] = {}
 
 
-def subprocess_env() -> dict[str, str]:
+#: Set by run.py for the whole run: one bytecode cache (``PYTHONPYCACHEPREFIX``) that every
+#: worker and fresh interpreter reads and writes, so both SDKs (and their dependencies) start
+#: from bytecode compiled by an untimed warm-up, as after ``pip install``, whatever the
+#: machine's ``__pycache__`` directories or ``PYTHONDONTWRITEBYTECODE`` say.
+BYTECODE: dict[str, str] = {}
+
+#: Extra environment per worker name: ``ours_u3`` is tinker_sync on its urllib3 request path.
+WORKER_ENV: dict[str, dict[str, str]] = {"ours_u3": {"TINKER_SYNC_TRANSPORT": "urllib3"}}
+
+
+def subprocess_env(worker: str | None = None) -> dict[str, str]:
     """The environment for workers: the repo on PYTHONPATH, no TINKER_* leaking in, telemetry
-    as chosen (default off, as in the test suite), the HTTPS rows' CA when there is one."""
+    as chosen (default off, as in the test suite), the HTTPS rows' CA when there is one, the
+    run's bytecode cache when there is one, then ``worker``'s own variables
+    (:data:`WORKER_ENV`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
     if "path" in TLS_CA:
         env["REQUESTS_CA_BUNDLE"] = env["SSL_CERT_FILE"] = TLS_CA["path"]
+    if "prefix" in BYTECODE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = BYTECODE["prefix"]
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
     )
     env["TINKER_TELEMETRY"] = TELEMETRY["value"]
+    env.update(WORKER_ENV.get(worker or "", {}))
     return env

@@ -14,10 +14,14 @@ Benchmarks (``bench`` argument) and what they report, one value per repetition:
 * ``poller``  -- peak OS threads with ``n`` pending samples, session poller on (P6)
 * ``latency`` -- p50 of sequential single-sample round trips, ms (P7)
 * ``busy``    -- p50 of a pipelined training step, idle and with ``n`` samples in flight (P9)
+* ``gil``     -- ``n`` concurrent samples while the main thread runs a pure-Python loop:
+  samples/s, and the loop's speed against the same loop alone in this process (P12)
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -127,6 +131,7 @@ class SdkBench:
                 throughput.append(n / wall)
                 cpu_per_sample.append(cpu / n)
         return {
+            "transport": os.environ.get("TINKER_SYNC_TRANSPORT", "auto"),
             "per_sample": usage.result(per=n * int(self.size["reps"])),
             "samples_per_s": throughput,
             "cpu_s_per_sample": cpu_per_sample,
@@ -403,8 +408,110 @@ class SdkBench:
             "peak_rss_mb": peak_rss_mb(),
         }
 
+    # -- P12 -------------------------------------------------------------------------------------
 
-BENCHES = ("sample", "train", "held", "poller", "latency", "sample_tls", "latency_tls", "busy")
+    def bench_gil(self) -> dict[str, Any]:
+        """``n`` samples submitted at once from the main thread, which then runs
+        :func:`user_loop` until every future is done (the window starts before the first
+        submission, so submitting counts against the loop). Around each window the same loop
+        runs alone for ``solo_s`` seconds in this process, with the SDK idle (its client
+        created, its connections warm); the loop's speed in the window is compared with the
+        mean of the two solo runs around it (``solo_after_over_before`` far from 1 says the
+        machine's own load moved during the window)."""
+        size = self.size
+        n, max_tokens = int(size["n"]), int(size["max_tokens"])
+        solo_s = float(size["solo_s"])
+        sampler = self._sampler()
+        prompt, params = self._prompt(int(size["prompt"])), self._params(max_tokens)
+        if size["warmup"]:
+            for f in self._sample_many(sampler, prompt, params, int(size["warmup"])):
+                self._check_sample(f.result(), max_tokens)
+        user_loop(lambda: False, 0.05)  # the loop's own warm-up
+        samples_per_s: list[float] = []
+        loop_fraction: list[float] = []
+        solo_rate: list[float] = []
+        solo_drift: list[float] = []
+        submit_ms: list[float] = []
+        with self.profiler.section():
+            before = user_loop(lambda: False, solo_s)
+            for _ in range(int(size["reps"])):
+                t0 = time.perf_counter()
+                futures = self._sample_many(sampler, prompt, params, n)
+                submitted = time.perf_counter() - t0
+                all_done = done_checker(futures)
+                iterations, _ = user_loop(all_done, WINDOW_LIMIT_S)
+                window = time.perf_counter() - t0
+                if not all_done():
+                    raise TimeoutError(f"{n} samples not done within {WINDOW_LIMIT_S:.0f} s")
+                after = user_loop(lambda: False, solo_s)
+                for f in futures:
+                    self._check_sample(f.result(), max_tokens)
+                solo = (before[0] / before[1] + after[0] / after[1]) / 2.0
+                solo_drift.append((after[0] / after[1]) / (before[0] / before[1]))
+                samples_per_s.append(n / window)
+                loop_fraction.append(iterations / window / solo)
+                solo_rate.append(solo)
+                submit_ms.append(submitted * 1e3)
+                before = after
+        return {
+            "samples_per_s": samples_per_s,
+            "loop_fraction": loop_fraction,
+            "solo_loop_per_s": solo_rate,
+            "solo_after_over_before": solo_drift,
+            "submit_ms": submit_ms,
+            "switch_interval_s": sys.getswitchinterval(),
+            "peak_rss_mb": peak_rss_mb(),
+        }
+
+
+#: Seconds a P12 window may last before the bench fails.
+WINDOW_LIMIT_S = 600.0
+#: Loop iterations between two checks of the loop's stop condition (well under a millisecond).
+LOOP_CHUNK = 2000
+
+
+def done_checker(futures: list[Any]) -> Callable[[], bool]:
+    """A cheap "are all done?" for a loop to call often: it walks past finished futures in
+    order and stops at the first pending one (each future is passed once: O(n) in all)."""
+    pending = iter(futures)
+    head: list[Any] = [next(pending, None)]
+
+    def all_done() -> bool:
+        while head[0] is not None and head[0].done():
+            head[0] = next(pending, None)
+        return head[0] is None
+
+    return all_done
+
+
+def user_loop(stop: Callable[[], bool], limit_s: float) -> tuple[int, float]:
+    """A user's pure-Python CPU-bound work (integer arithmetic, no allocation beyond small ints,
+    no C calls that release the GIL), checking ``stop`` every :data:`LOOP_CHUNK` iterations;
+    runs until ``stop()`` or ``limit_s`` seconds. Returns (iterations, seconds)."""
+    x = 0
+    iterations = 0
+    t0 = time.perf_counter()
+    deadline = t0 + limit_s
+    while True:
+        for i in range(LOOP_CHUNK):
+            x = (x * 31 + i) % 1_000_003
+        iterations += LOOP_CHUNK
+        now = time.perf_counter()
+        if stop() or now >= deadline:
+            return iterations, now - t0
+
+
+BENCHES = (
+    "sample",
+    "train",
+    "held",
+    "poller",
+    "latency",
+    "sample_tls",
+    "latency_tls",
+    "busy",
+    "gil",
+)
 
 
 def main(sdk: ModuleType, label: str, args: WorkerArgs) -> None:

@@ -24,7 +24,9 @@ a spawned worker's entry time comes before any tinker_sync import.
 Before the rounds, tinker_sync's bytecode is compiled once (:func:`compile_package`), as
 ``pip install`` does: run from a checkout under ``PYTHONDONTWRITEBYTECODE=1`` every worker
 would otherwise compile the SDK's modules from source again (about 80 ms of CPU each on
-this machine), a cost no installed SDK has.
+this machine), a cost no installed SDK has. Then one untimed warm-up round (one worker, one
+sample) compiles whatever else a worker imports; run.py gives every worker one bytecode cache
+for the run (``PYTHONPYCACHEPREFIX``), so this holds whatever the machine's caches say.
 """
 
 from __future__ import annotations
@@ -173,6 +175,7 @@ def bench_scaleout(url: str, api_key: str, size: dict[str, Any]) -> dict[str, An
     os.environ["TINKER_API_KEY"] = api_key  # the workers' credential (inherited)
     with tinker_sync.ServiceClient(base_url=url) as service:
         handle = service.create_sampling_client(base_model=BASE_MODEL).get_sampler_handle()
+        one_round(handle, 1, {**size, "n": 1, "warmup": 0})  # untimed: compiles the imports
         procs = [int(p) for p in size["procs"]]
         out: dict[str, Any] = {"first_sample_s": [], "first_sample_from_launch_s": []}
         every_first: list[float] = []

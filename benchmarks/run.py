@@ -5,6 +5,7 @@ Usage::
     python benchmarks/run.py                  # full sizes (5+ repetitions; ~20-30 minutes)
     python benchmarks/run.py --quick          # smaller sizes, 3+ repetitions, < 10 minutes
     python benchmarks/run.py --smoke          # toy sizes, 1 repetition (the smoke test)
+    python benchmarks/run.py --quick --only P1,P7   # -> results/only/quick-P1_P7.json
     python benchmarks/run.py --quick --only P1,P7 --out /tmp/r.json
     python benchmarks/run.py --quick --profile-missed   # + a CPU profile of ours per missed row
     python benchmarks/run.py --quick --only P3 --profile P3   # profile a row even when met
@@ -17,7 +18,11 @@ second server that speaks HTTPS with a throwaway certificate; P4 runs bench_code
 encoders round-robin in one process (``_worker_codec.py``); P8 times a first result in fresh
 interpreters (``_first_result.py``). Each worker warms up, then runs the repetitions and prints
 one JSON line. Every column of a row does the same work on the same inputs (the same payload
-types too: token lists for both SDKs).
+types too: token lists for both SDKs). P1-U3 / P2-U3 run the P1 workload with tinker_sync on
+its urllib3 request path (``TINKER_SYNC_TRANSPORT=urllib3``, worker ``ours_u3``) in the same
+interleaved rounds as P1, so they share P1's official and limit columns. Every process of a run
+shares one bytecode cache (``PYTHONPYCACHEPREFIX`` in a temporary directory), filled by untimed
+warm-ups, so fresh-interpreter rows (P8, P10-FIRST) see both SDKs compiled, as after an install.
 
 Rows (the judged ratio is ours / official unless said; the table shows both ours / official and
 ours / limit):
@@ -26,7 +31,9 @@ ours / limit):
 P1  sample throughput, n concurrent sample() calls; limit: raw  ratio >= 2.0, ours >= 0.8 x limit
     urllib3 with tinker_sync's pipelining and thread counts
 P1T P1 over HTTPS                                                as P1
+P1-U3 P1 with tinker_sync on its urllib3 path                    as P1
 P2  client CPU-s per sample in P1                                ratio <= 0.2
+P2-U3 P2 with tinker_sync on its urllib3 path                    ratio <= 0.2
 P3  pipelined training step wall time (fwd/bwd + optim_step)     ratio <= 1.0
 P4  encoding a forward_backward (chunking + serialization)       ratio <= 1.0, ours <= 2 x raw
 P5  client CPU-s per 10 s while n futures wait on long polls     ratio <= 0.2
@@ -34,7 +41,8 @@ P6  peak threads with n pending samples, session poller on       <= 24
 P7  single-sample latency p50 (sequential)                       ours / limit <= 1.2
 P7T P7 over HTTPS                                                as P7
 P8  time to first result in a fresh interpreter: import,          ratio <= 0.3
-    ServiceClient, create a sampling client, one sample
+    ServiceClient, create a sampling client, one sample; both
+    SDKs' bytecode compiled by an untimed run of each first
 P10 sample throughput from 4 worker processes vs 1, same total    4 processes >= 0.9 x 1 process;
     concurrency; client CPU per sample; spawned worker start to    first sample <= 500 ms (median)
     its first sample (tinker_sync only)
@@ -45,13 +53,20 @@ P9  pipelined train step p50 while 2,000 samples are in flight   ours <= 1.3 x o
 P13 a 200 MB checkpoint download cut 5 times: bytes received /   ours <= 1.1 and verified
     its size (official: ``tinker checkpoint download``); P13-S
     its wall time
+P12 samples/s, 500 samples submitted at once while the main       ratio >= 3.0
+    thread runs a pure-Python loop until the last is done
+P12-LOOP that loop's speed, % of the same loop alone (run just    ours >= 80 %
+    before and after each window in the same worker process)
 ==  ==========================================================  ==================================
 
 Plus peak RSS of the P1 and P6 workers (no goal). Output: a table on stdout and JSON (``--out``,
-default ``benchmarks/results/<mode>.json``): ``{"rows": [{"id", "name", "unit", "ours",
-"official", "limit", "ratio", "ratio_official", "ratio_limit", "goal", "met", "spread", "detail"}],
-"machine": {...}, ...}``;
-values are medians over the repetitions, ``spread`` holds min / max / quartiles per column.
+default ``benchmarks/results/<mode>.json``, or ``benchmarks/results/only/<mode>-<ids>.json`` with
+``--only``, so a few rows never replace a whole run's file): ``{"rows": [{"id", "name", "unit",
+"ours", "official", "limit", "ratio", "ratio_official", "ratio_limit", "goal", "met", "spread",
+"detail", "measured"}], "machine": {...}, ...}``; values are medians over the repetitions,
+``spread`` holds min / max / quartiles per column, ``measured`` the CPU model, cores, both SDKs'
+versions, tinker_sync's commit (``+dirty`` with local changes) and the 1-minute load average
+after each of the row's worker runs.
 Exit status: 0 when every row produced numbers (goals missed or not), 1 otherwise.
 """
 
@@ -60,6 +75,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -74,6 +90,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from _common import (  # noqa: E402
     BENCH_DIR,
+    BYTECODE,
     ROOT,
     SERVER_HOLD_S,
     SIZES,
@@ -86,6 +103,7 @@ from _common import (  # noqa: E402
 
 WORKERS = {
     "ours": BENCH_DIR / "_worker_ours.py",
+    "ours_u3": BENCH_DIR / "_worker_ours.py",  # TINKER_SYNC_TRANSPORT=urllib3 (WORKER_ENV)
     "official": BENCH_DIR / "_worker_official.py",
     "raw": BENCH_DIR / "_worker_raw.py",
     "codec": BENCH_DIR / "_worker_codec.py",
@@ -95,7 +113,7 @@ WORKERS = {
 }
 #: Which workers run each bench (``import`` runs in this process, timing fresh interpreters).
 BENCH_WORKERS: dict[str, tuple[str, ...]] = {
-    "sample": ("ours", "official", "raw"),
+    "sample": ("ours", "ours_u3", "official", "raw"),
     "train": ("ours", "official", "raw"),
     "codec": ("codec",),
     "held": ("ours", "official"),
@@ -109,11 +127,12 @@ BENCH_WORKERS: dict[str, tuple[str, ...]] = {
     "lossy": ("lossy",),
     "download": ("download",),
     "busy": ("ours", "official"),  # P9
+    "gil": ("ours", "official"),  # P12
 }
 #: Benches whose rows are ratios of wall times: their repetitions run in rounds, one worker
 #: process per SDK per round (ours, official, raw, ours, ...), so a slow spell of a shared
 #: machine hits every column alike instead of whichever worker happened to run during it.
-INTERLEAVED = frozenset({"sample", "train", "latency", "sample_tls", "latency_tls"})
+INTERLEAVED = frozenset({"sample", "train", "latency", "sample_tls", "latency_tls", "gil"})
 #: Benches served by the HTTPS server (P1T, P7T).
 TLS_BENCHES = frozenset({"sample_tls", "latency_tls"})
 #: Seconds a worker may run before it is killed, per mode.
@@ -206,6 +225,23 @@ ROWS: tuple[Row, ...] = (
         detail=P1_DETAIL,
     ),
     Row(
+        "P1-U3",
+        "sample throughput, tinker_sync on its urllib3 path (as P1)",
+        "samples/s",
+        "sample",
+        (
+            ("ours", "ours_u3", "samples_per_s"),
+            ("official", "official", "samples_per_s"),
+            ("limit", "raw", "samples_per_s"),
+        ),
+        P1_GOAL,
+        judge=lambda m, r, s: _p1_met(m),
+        detail=(
+            ("ours_transport", "ours_u3", "transport", 1.0),
+            ("ours_peak_threads", "ours_u3", "peak_threads", 1.0),
+        ),
+    ),
+    Row(
         "P2",
         "client CPU per sample (P1)",
         "CPU-ms/sample",
@@ -223,6 +259,21 @@ ROWS: tuple[Row, ...] = (
             ("official_per_sample", "official", "per_sample", 1.0),
             ("limit_per_sample", "raw", "per_sample", 1.0),
         ),
+    ),
+    Row(
+        "P2-U3",
+        "client CPU per sample, tinker_sync on its urllib3 path (P1-U3)",
+        "CPU-ms/sample",
+        "sample",
+        (
+            ("ours", "ours_u3", "cpu_s_per_sample"),
+            ("official", "official", "cpu_s_per_sample"),
+            ("limit", "raw", "cpu_s_per_sample"),
+        ),
+        "ratio <= 0.2",
+        scale=1e3,
+        judge=lambda m, r, s: _le(r, 0.2),
+        detail=(("ours_per_sample", "ours_u3", "per_sample", 1.0),),
     ),
     Row(
         "P3",
@@ -336,7 +387,8 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "P8",
-        "time to first result (import, client, sampling client, one sample)",
+        "time to first result (import, client, sampling client, one sample), bytecode"
+        " compiled by an untimed warm-up run per SDK",
         "ms",
         "first",
         (("ours", "first", "ours"), ("official", "first", "official")),
@@ -375,7 +427,8 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "P10-FIRST",
-        "worker start to first sample, spawn (limit: forkserver-preloaded)",
+        "worker start to first sample, spawn, bytecode compiled by an untimed warm-up"
+        " (limit: forkserver-preloaded)",
         "ms",
         "scaleout",
         (
@@ -477,6 +530,37 @@ ROWS: tuple[Row, ...] = (
         None,
         detail=(("official_uncut_wall_s", "download", "official_uncut_wall_s", 1.0),),
     ),
+    # P12 (issue 27): the thread pool under a caller that keeps the GIL busy.
+    Row(
+        "P12",
+        "sample throughput, 500 concurrent samples, the main thread in a pure-Python loop",
+        "samples/s",
+        "gil",
+        (("ours", "ours", "samples_per_s"), ("official", "official", "samples_per_s")),
+        "ratio >= 3.0 (and P12-LOOP)",
+        judge=lambda m, r, s: _ge(r, 3.0),
+        detail=(
+            ("ours_submit_ms", "ours", "submit_ms", 1.0),
+            ("official_submit_ms", "official", "submit_ms", 1.0),
+            ("switch_interval_s", "ours", "switch_interval_s", 1.0),
+        ),
+    ),
+    Row(
+        "P12-LOOP",
+        "the main thread's loop speed during P12, % of the same loop alone in that process",
+        "% of solo",
+        "gil",
+        (("ours", "ours", "loop_fraction"), ("official", "official", "loop_fraction")),
+        "ours >= 80 %",
+        scale=100.0,
+        judge=lambda m, r, s: _ge(m["ours"], 80.0),
+        detail=(
+            ("ours_solo_loop_per_s", "ours", "solo_loop_per_s", 1.0),
+            ("official_solo_loop_per_s", "official", "solo_loop_per_s", 1.0),
+            ("ours_solo_after_over_before", "ours", "solo_after_over_before", 1.0),
+            ("official_solo_after_over_before", "official", "solo_after_over_before", 1.0),
+        ),
+    ),
     Row(
         "P1-RSS",
         "peak RSS of the P1 worker",
@@ -538,7 +622,7 @@ def run_worker(
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=subprocess_env(),
+            env=subprocess_env(worker),
             cwd=str(ROOT),
             check=False,
         )
@@ -561,9 +645,11 @@ IMPORT_SNIPPETS = {
 
 def bench_import(size: dict[str, Any]) -> dict[str, Any]:
     """Wall time of each import statement in a fresh interpreter, timed inside it (so the
-    interpreter's own start-up is excluded), round-robin over the snippets."""
+    interpreter's own start-up is excluded), round-robin over the snippets, after at least one
+    untimed round (which compiles the bytecode into the run's cache, :data:`BYTECODE`)."""
     out: dict[str, list[float]] = {label: [] for label in IMPORT_SNIPPETS}
-    for i in range(int(size["warmup"]) + int(size["reps"])):
+    warmup = max(1, int(size["warmup"]))
+    for i in range(warmup + int(size["reps"])):
         for label, stmt in IMPORT_SNIPPETS.items():
             code = (
                 "import time; t0 = time.perf_counter(); "
@@ -580,7 +666,7 @@ def bench_import(size: dict[str, Any]) -> dict[str, Any]:
             )
             if proc.returncode != 0:
                 raise WorkerError(f"import {label}: {proc.stderr.strip()[-500:]}")
-            if i >= int(size["warmup"]):
+            if i >= warmup:
                 out[label].append(float(proc.stdout.strip().splitlines()[-1]))
     return out
 
@@ -604,18 +690,35 @@ def _needed_benches(rows: list[Row]) -> list[str]:
         "lossy",
         "busy",
         "download",
+        "gil",
     ]
     wanted = {row.bench for row in rows}
     return [b for b in order if b in wanted]
 
 
+def _needed_workers(rows: list[Row]) -> dict[str, tuple[str, ...]]:
+    """Per bench, the workers the chosen rows read (in :data:`BENCH_WORKERS` order): ``--only
+    P1`` does not run P1-U3's worker."""
+    used: dict[str, set[str]] = {}
+    for row in rows:
+        used.setdefault(row.bench, set()).update(worker for _, worker, _ in row.sources)
+    return {
+        bench: tuple(w for w in BENCH_WORKERS[bench] if w in workers)
+        for bench, workers in used.items()
+        if bench in BENCH_WORKERS
+    }
+
+
 def bench_first(size: dict[str, Any], url: str, api_key: str) -> dict[str, Any]:
     """P8: seconds from ``import`` to a first sample in hand, each in a fresh interpreter
-    (``_first_result.py``), ours and official alternating."""
+    (``_first_result.py``), ours and official alternating, after at least one untimed run of
+    each: it compiles that SDK's bytecode (and its dependencies') into the run's cache
+    (:data:`BYTECODE`), as ``pip install`` would have."""
     out: dict[str, list[float]] = {"ours": [], "official": []}
     script = str(BENCH_DIR / "_first_result.py")
     args = [url, api_key, str(size["prompt"]), str(size["max_tokens"])]
-    for i in range(int(size["warmup"]) + int(size["reps"])):
+    warmup = max(1, int(size["warmup"]))
+    for i in range(warmup + int(size["reps"])):
         for label, values in out.items():
             proc = subprocess.run(
                 [sys.executable, script, label, *args],
@@ -628,7 +731,7 @@ def bench_first(size: dict[str, Any], url: str, api_key: str) -> dict[str, Any]:
             )
             if proc.returncode != 0:
                 raise WorkerError(f"first result {label}: {proc.stderr.strip()[-500:]}")
-            if i >= int(size["warmup"]):
+            if i >= warmup:
                 values.append(float(proc.stdout.strip().splitlines()[-1]))
     return out
 
@@ -647,8 +750,14 @@ def collect(
     sizes: dict[str, Any],
     mode: str,
     log: Callable[[str], None],
+    workers: dict[str, tuple[str, ...]] | None = None,
+    loads: dict[str, list[float]] | None = None,
 ) -> tuple[dict[tuple[str, str], dict[str, Any]], list[str]]:
-    """Run the workers; returns ({(bench, worker): metrics}, errors)."""
+    """Run the workers; returns ({(bench, worker): metrics}, errors).
+
+    ``workers``: per bench, the workers to run (default :data:`BENCH_WORKERS`); ``loads``, when
+    given, gets per bench the 1-minute load average after each of its worker runs."""
+    workers_of = {**BENCH_WORKERS, **(workers or {})}
     from tinker_sync.local import LocalServer
     from tinker_sync.local._tls import make_throwaway_pki
 
@@ -689,12 +798,13 @@ def collect(
                     [
                         b
                         for b in server_benches
-                        if worker in BENCH_WORKERS[b] and (b in TLS_BENCHES) == tls
+                        if worker in workers_of[b] and (b in TLS_BENCHES) == tls
                     ],
                 )
                 for tls in (False, True)
                 for worker in (
                     "ours",
+                    "ours_u3",
                     "official",
                     "raw",
                     "codec",
@@ -707,7 +817,7 @@ def collect(
             plan = []
             for b in server_benches:
                 rounds = int(sizes[b]["reps"]) if b in INTERLEAVED else 1
-                plan += [(w, [b]) for _ in range(rounds) for w in BENCH_WORKERS[b]]
+                plan += [(w, [b]) for _ in range(rounds) for w in workers_of[b]]
         rounds_of: dict[tuple[str, str], list[dict[str, Any]]] = {}
         mirror: dict[str, dict[str, int]] = {}
         for worker, group in plan:
@@ -731,8 +841,11 @@ def collect(
                 continue
             for bench, metrics in got.items():
                 rounds_of.setdefault((bench, worker), []).append(metrics)
-                if worker == "ours" and (counts := _mirror(metrics)) is not None:
+                # the limit mirrors tinker_sync's default path (its urllib3 path without it)
+                mirrored = "ours" if "ours" in workers_of[bench] else "ours_u3"
+                if worker == mirrored and (counts := _mirror(metrics)) is not None:
                     mirror[bench] = counts
+            _note_load(loads, group)
             log(f"  {worker:<8} {','.join(group):<28} {time.monotonic() - t0:6.1f} s")
         for key_, rounds_ in rounds_of.items():
             results[key_] = merge_rounds(rounds_)
@@ -741,6 +854,7 @@ def collect(
             try:
                 results[("first", "first")] = bench_first(sizes["first"], urls[False], key)
                 results[("import", "import")] = bench_import(sizes["import"])
+                _note_load(loads, ["first", "import"])
                 log(f"  {'first':<8} {'first,import':<28} {time.monotonic() - t0:6.1f} s")
             except WorkerError as exc:
                 errors.append(str(exc))
@@ -748,10 +862,19 @@ def collect(
         t0 = time.monotonic()
         try:
             results[("import", "import")] = bench_import(sizes["import"])
+            _note_load(loads, ["import"])
             log(f"  {'import':<8} {'import':<28} {time.monotonic() - t0:6.1f} s")
         except WorkerError as exc:
             errors.append(str(exc))
     return results, errors
+
+
+def _note_load(loads: dict[str, list[float]] | None, benches: list[str]) -> None:
+    if loads is None or not hasattr(os, "getloadavg"):
+        return
+    now = round(os.getloadavg()[0], 2)
+    for bench in benches:
+        loads.setdefault(bench, []).append(now)
 
 
 def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -792,9 +915,15 @@ def _scaled(values: Any, scale: float) -> list[float] | None:
 
 
 def build_row(
-    row: Row, results: dict[tuple[str, str], dict[str, Any]], sizes: dict[str, Any]
+    row: Row,
+    results: dict[tuple[str, str], dict[str, Any]],
+    sizes: dict[str, Any],
+    context: dict[str, Any] | None = None,
+    load: list[float] | None = None,
 ) -> dict[str, Any]:
-    """The JSON row: medians, ratio, goal verdict, spreads and detail."""
+    """The JSON row: medians, ratio, goal verdict, spreads and detail; with ``context`` (see
+    :func:`row_context`) and ``load`` (1-minute load averages while its bench ran) the row also
+    says where and with what it was measured, so it stays meaningful on its own."""
     medians: dict[str, float | None] = {"ours": None, "official": None, "limit": None}
     spreads: dict[str, Any] = {}
     for column, worker, metric in row.sources:
@@ -829,7 +958,38 @@ def build_row(
     }
     if detail:
         out["detail"] = detail
+    if context is not None:
+        out["measured"] = {**context, "loadavg_1min": list(load or [])}
     return out
+
+
+#: The machine and version facts every row repeats (``measured``), from ``machine_info()`` and
+#: :func:`_versions`.
+ROW_CONTEXT_KEYS = (
+    "cpu",
+    "cores",
+    "affinity",
+    "python",
+    "tinker_sync",
+    "tinker_sync_commit",
+    "tinker",
+    "urllib3",
+    "date",
+)
+
+
+def row_context(machine: dict[str, Any], mode: str) -> dict[str, Any]:
+    """What a row carries about its run: :data:`ROW_CONTEXT_KEYS` of ``machine`` and the mode."""
+    return {"mode": mode, **{key: machine.get(key) for key in ROW_CONTEXT_KEYS}}
+
+
+def default_out(mode: str, only: list[str] | None) -> Path:
+    """Where the JSON goes without ``--out``: ``results/<mode>.json`` for a whole run, and
+    ``results/only/<mode>-<ids>.json`` (git-ignored) for ``--only``, so a few rows never
+    replace a whole run's file."""
+    if not only:
+        return BENCH_DIR / "results" / f"{mode}.json"
+    return BENCH_DIR / "results" / "only" / f"{mode}-{'_'.join(only)}.json"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -914,7 +1074,11 @@ def main(argv: list[str] | None = None) -> int:
     mode_group = parser.add_mutually_exclusive_group()
     mode_group.add_argument("--quick", action="store_true", help="smaller sizes, < 10 minutes")
     mode_group.add_argument("--smoke", action="store_true", help="toy sizes, 1 repetition")
-    parser.add_argument("--out", type=Path, help="JSON output (default results/<mode>.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="JSON output (default results/<mode>.json; with --only results/only/<mode>-<ids>.json)",
+    )
     parser.add_argument("--only", help="comma-separated row ids (e.g. P1,P7)")
     parser.add_argument(
         "--telemetry",
@@ -942,30 +1106,39 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in rows if r.id.upper() in wanted]
         if not rows:
             parser.error(f"--only matched no row; ids: {[r.id for r in ROWS]}")
-    out_path = args.out or BENCH_DIR / "results" / f"{mode}.json"
+    out_path = args.out or default_out(mode, [r.id for r in rows] if args.only else None)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    machine = machine_info()
+    machine = {**machine_info(), **_versions()}
+    context = row_context(machine, mode)
     log(f"mode {mode}; {machine['cpu']} x{machine['cores']}; load {machine['loadavg_at_start']}")
     started = time.monotonic()
-    results, errors = collect(_needed_benches(rows), sizes, mode, log)
-    built = [build_row(row, results, sizes) for row in rows]
+    loads: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="tinker-bench-pycache-") as pycache:
+        BYTECODE["prefix"] = pycache
+        try:
+            results, errors = collect(
+                _needed_benches(rows), sizes, mode, log, _needed_workers(rows), loads
+            )
+        finally:
+            BYTECODE.clear()
+    built = [build_row(row, results, sizes, context, loads.get(row.bench)) for row in rows]
     elapsed = time.monotonic() - started
     print(format_table(built))
     missed = [r["id"] for r in built if r["met"] is False]
     print(f"\n{mode} run in {elapsed:.0f} s; rows not met: {', '.join(missed) or 'none'}")
     for error in errors:
         print(f"ERROR: {error}")
-    versions = _versions()
     document = {
         "mode": mode,
+        "only": [r.id for r in rows] if args.only else None,
         "telemetry": args.telemetry,
         "elapsed_s": elapsed,
         "sizes": sizes,
         "rows": built,
-        "machine": {**machine, **versions},
+        "machine": machine,
         "errors": errors,
     }
     profiled = set(missed) if args.profile_missed else set()
@@ -1013,7 +1186,36 @@ def _versions() -> dict[str, Any]:
     from tinker_sync._version import __version__
 
     versions["tinker_sync"] = __version__
+    versions["tinker_sync_commit"] = _commit()
     return versions
+
+
+def _commit() -> str | None:
+    """The checkout's commit, ``+dirty`` when tracked files outside benchmarks/results differ
+    from it (None outside a git checkout)."""
+    git = ["git", "-C", str(ROOT)]
+    try:
+        head = subprocess.run(
+            [*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                *git,
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)benchmarks/results",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "") if head else None
 
 
 if __name__ == "__main__":

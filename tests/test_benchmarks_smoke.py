@@ -22,8 +22,10 @@ import _common  # noqa: E402
 import _profile  # noqa: E402
 import run  # noqa: E402
 
-ROW_KEYS = {"id", "name", "unit", "ours", "official", "limit", "ratio", "goal", "met"}
+ROW_KEYS = {"id", "name", "unit", "ours", "official", "limit", "ratio", "goal", "met", "measured"}
 MACHINE_KEYS = {"cpu", "cores", "python", "numpy", "os", "date"}
+#: What every row says about where it was measured (so a row copied elsewhere stays honest).
+MEASURED_KEYS = {"cpu", "cores", "tinker_sync", "tinker_sync_commit", "tinker", "loadavg_1min"}
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +62,14 @@ def test_smoke_run_reports_every_row_with_numbers(smoke: tuple[dict[str, Any], s
             assert isinstance(row["met"], bool), spec.id
             assert isinstance(row["ratio"], float), spec.id
         assert spec.id in stdout  # the printed table has the row
+        assert MEASURED_KEYS <= set(row["measured"]), spec.id
+        assert row["measured"]["tinker"] == document["machine"]["tinker"]
     assert MACHINE_KEYS <= set(document["machine"])
     assert document["errors"] == []
     assert document["mode"] == "smoke"
+    assert rows["P1-U3"]["detail"]["ours_transport"] == "urllib3"
+    assert rows["P1"]["detail"]["ours_threads_at_peak"]  # the default path's worker ran too
+    assert 0.0 < rows["P12-LOOP"]["ours"] and 0.0 < rows["P12-LOOP"]["official"]
 
 
 def test_smoke_held_rows_really_held(smoke: tuple[dict[str, Any], str]) -> None:
@@ -278,3 +285,95 @@ def test_bench_download_small_arrives_verified(tmp_path: Path) -> None:
     assert doc["ours"]["outcome"] == "verified" and doc["ours"]["ratio"] <= 1.1
     assert doc["ours"]["attempts"] == doc["cuts"] + 1 == doc["ours"]["cuts_applied"] + 1
     assert doc["official"]["outcome"] and doc["official_uncut"]["outcome"] == "verified"
+
+
+def test_only_writes_its_own_file_unless_out_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few rows never replace a whole run's file (results/<mode>.json)."""
+    monkeypatch.setattr(run, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(run, "collect", lambda *a, **k: ({}, []))
+    monkeypatch.setattr(run, "_versions", lambda: {"tinker": "x", "tinker_sync": "y"})
+    whole = tmp_path / "results" / "smoke.json"
+    whole.parent.mkdir()
+    whole.write_text("{}")
+    run.main(["--smoke", "--only", "p12,P8"])
+    assert whole.read_text() == "{}"
+    written = json.loads((tmp_path / "results" / "only" / "smoke-P8_P12.json").read_text())
+    assert [r["id"] for r in written["rows"]] == ["P8", "P12"] and written["only"] == ["P8", "P12"]
+    run.main(["--smoke", "--only", "P12", "--out", str(tmp_path / "mine.json")])
+    assert json.loads((tmp_path / "mine.json").read_text())["only"] == ["P12"]
+    assert run.default_out("quick", None) == tmp_path / "results" / "quick.json"
+
+
+def test_worker_environment_transport_and_bytecode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TINKER_SYNC_TRANSPORT", "urllib3")  # the caller's: never leaks in
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    assert "TINKER_SYNC_TRANSPORT" not in _common.subprocess_env("ours")
+    assert "TINKER_SYNC_TRANSPORT" not in _common.subprocess_env("official")
+    assert _common.subprocess_env("ours_u3")["TINKER_SYNC_TRANSPORT"] == "urllib3"
+    assert run.WORKERS["ours_u3"] == run.WORKERS["ours"]
+    assert _common.subprocess_env()["PYTHONDONTWRITEBYTECODE"] == "1"  # no run cache: as is
+    monkeypatch.setitem(_common.BYTECODE, "prefix", "/tmp/cache")
+    env = _common.subprocess_env("official")
+    assert env["PYTHONPYCACHEPREFIX"] == "/tmp/cache" and "PYTHONDONTWRITEBYTECODE" not in env
+
+
+def test_only_runs_the_workers_its_rows_read() -> None:
+    def workers(*ids: str) -> dict[str, tuple[str, ...]]:
+        return run._needed_workers([r for r in run.ROWS if r.id in ids])
+
+    assert workers("P1") == {"sample": ("ours", "official", "raw")}
+    assert workers("P2-U3") == {"sample": ("ours_u3", "official", "raw")}
+    assert workers("P12", "P8") == {"gil": ("ours", "official"), "first": ()}
+    every = workers(*[r.id for r in run.ROWS])
+    assert every == {b: w for b, w in run.BENCH_WORKERS.items() if b in every}
+
+
+def test_rows_carry_machine_versions_and_commit() -> None:
+    machine = {
+        "cpu": "CPU",
+        "cores": 2,
+        "tinker": "0.38.0",
+        "tinker_sync": "0.1.0",
+        "tinker_sync_commit": "abc",
+        "numpy": "2",
+    }
+    context = run.row_context(machine, "quick")
+    assert context["mode"] == "quick" and "numpy" not in context
+    p12 = next(r for r in run.ROWS if r.id == "P12")
+    results = {
+        ("gil", "ours"): {"samples_per_s": [300.0, 310.0, 290.0]},
+        ("gil", "official"): {"samples_per_s": [100.0, 90.0, 110.0]},
+    }
+    row = run.build_row(p12, results, _common.SIZES["quick"], context, [1.5, 2.0])
+    assert row["measured"]["tinker_sync_commit"] == "abc"
+    assert row["measured"]["tinker"] == "0.38.0" and row["measured"]["cores"] == 2
+    assert row["measured"]["loadavg_1min"] == [1.5, 2.0]
+    assert (row["spread"]["ours"]["min"], row["spread"]["ours"]["max"]) == (290.0, 310.0)
+    assert row["ratio"] == pytest.approx(3.0) and row["met"] is True
+    assert "measured" not in run.build_row(p12, results, _common.SIZES["quick"])
+
+
+def test_p12_loop_and_done_checker() -> None:
+    import concurrent.futures
+
+    import _sdk_rows
+
+    calls = []
+
+    def stop() -> bool:
+        calls.append(1)
+        return len(calls) == 3
+
+    iterations, seconds = _sdk_rows.user_loop(stop, 600.0)
+    assert iterations == 3 * _sdk_rows.LOOP_CHUNK and seconds > 0.0
+    futures: list[concurrent.futures.Future[int]] = [concurrent.futures.Future() for _ in range(3)]
+    all_done = _sdk_rows.done_checker(futures)
+    futures[1].set_result(1)
+    assert not all_done()
+    futures[0].set_result(0)
+    assert not all_done()
+    futures[2].set_result(2)
+    assert all_done() and all_done()
+    assert _sdk_rows.done_checker([])()
