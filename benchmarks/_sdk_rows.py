@@ -417,7 +417,9 @@ class SdkBench:
         runs alone for ``solo_s`` seconds in this process, with the SDK idle (its client
         created, its connections warm); the loop's speed in the window is compared with the
         mean of the two solo runs around it (``solo_after_over_before`` far from 1 says the
-        machine's own load moved during the window)."""
+        machine's own load moved during the window). ``loop_ms_lost_per_sample`` is the loop
+        time lost in the window divided by ``n``: unlike the fraction, it does not improve when
+        the samples take longer (a slower SDK spreads the same cost over a longer window)."""
         size = self.size
         n, max_tokens = int(size["n"]), int(size["max_tokens"])
         solo_s = float(size["solo_s"])
@@ -431,6 +433,7 @@ class SdkBench:
         loop_fraction: list[float] = []
         solo_rate: list[float] = []
         solo_drift: list[float] = []
+        lost_ms: list[float] = []  # the loop's time lost in the window, per sample
         submit_ms: list[float] = []
         with self.profiler.section():
             before = user_loop(lambda: False, solo_s)
@@ -450,6 +453,7 @@ class SdkBench:
                 solo_drift.append((after[0] / after[1]) / (before[0] / before[1]))
                 samples_per_s.append(n / window)
                 loop_fraction.append(iterations / window / solo)
+                lost_ms.append((window - iterations / solo) / n * 1e3)
                 solo_rate.append(solo)
                 submit_ms.append(submitted * 1e3)
                 before = after
@@ -458,6 +462,7 @@ class SdkBench:
             "loop_fraction": loop_fraction,
             "solo_loop_per_s": solo_rate,
             "solo_after_over_before": solo_drift,
+            "loop_ms_lost_per_sample": lost_ms,
             "submit_ms": submit_ms,
             "switch_interval_s": sys.getswitchinterval(),
             "peak_rss_mb": peak_rss_mb(),

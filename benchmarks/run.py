@@ -557,6 +557,8 @@ ROWS: tuple[Row, ...] = (
         detail=(
             ("ours_solo_loop_per_s", "ours", "solo_loop_per_s", 1.0),
             ("official_solo_loop_per_s", "official", "solo_loop_per_s", 1.0),
+            ("ours_loop_ms_lost_per_sample", "ours", "loop_ms_lost_per_sample", 1.0),
+            ("official_loop_ms_lost_per_sample", "official", "loop_ms_lost_per_sample", 1.0),
             ("ours_solo_after_over_before", "ours", "solo_after_over_before", 1.0),
             ("official_solo_after_over_before", "official", "solo_after_over_before", 1.0),
         ),
