@@ -434,16 +434,21 @@ class SdkBench:
         solo_rate: list[float] = []
         solo_drift: list[float] = []
         lost_ms: list[float] = []  # the loop's time lost in the window, per sample
+        by_thread: dict[str, float] = {}  # CPU-ms per sample in the window, by thread group
         submit_ms: list[float] = []
         with self.profiler.section():
             before = user_loop(lambda: False, solo_s)
             for _ in range(int(size["reps"])):
+                threads0, cpu0 = thread_cpu(), cpu_seconds()
                 t0 = time.perf_counter()
                 futures = self._sample_many(sampler, prompt, params, n)
                 submitted = time.perf_counter() - t0
                 all_done = done_checker(futures)
                 iterations, _ = user_loop(all_done, WINDOW_LIMIT_S)
                 window = time.perf_counter() - t0
+                used, threads1 = cpu_seconds() - cpu0, thread_cpu()
+                for name, sec in cpu_by_thread_group(threads0, threads1, used).items():
+                    by_thread[name] = by_thread.get(name, 0.0) + sec * 1e3 / n / int(size["reps"])
                 if not all_done():
                     raise TimeoutError(f"{n} samples not done within {WINDOW_LIMIT_S:.0f} s")
                 after = user_loop(lambda: False, solo_s)
@@ -463,6 +468,7 @@ class SdkBench:
             "solo_loop_per_s": solo_rate,
             "solo_after_over_before": solo_drift,
             "loop_ms_lost_per_sample": lost_ms,
+            "cpu_ms_per_sample_by_thread": by_thread,
             "submit_ms": submit_ms,
             "switch_interval_s": sys.getswitchinterval(),
             "peak_rss_mb": peak_rss_mb(),

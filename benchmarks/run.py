@@ -542,6 +542,13 @@ ROWS: tuple[Row, ...] = (
         detail=(
             ("ours_submit_ms", "ours", "submit_ms", 1.0),
             ("official_submit_ms", "official", "submit_ms", 1.0),
+            ("ours_cpu_ms_per_sample_by_thread", "ours", "cpu_ms_per_sample_by_thread", 1.0),
+            (
+                "official_cpu_ms_per_sample_by_thread",
+                "official",
+                "cpu_ms_per_sample_by_thread",
+                1.0,
+            ),
             ("switch_interval_s", "ours", "switch_interval_s", 1.0),
         ),
     ),
