@@ -403,6 +403,9 @@ class SdkBench:
         return {
             "idle_p50_ms": idle,
             "busy_p50_ms": busy,
+            # per round, busy over that round's own idle: the machine's load moves less within
+            # a round than across rounds
+            "busy_over_idle": [b / i for b, i in zip(busy, idle, strict=True)],
             "burst_p50_ms": burst,
             "pending_at_end": pending_at_end,
             "peak_rss_mb": peak_rss_mb(),

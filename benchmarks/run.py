@@ -499,6 +499,8 @@ ROWS: tuple[Row, ...] = (
         judge=lambda m, r, s: _le(r, 1.3),
         detail=(
             ("official_idle_p50_ms", "official", "idle_p50_ms", 1.0),
+            ("ours_busy_over_idle_per_round", "ours", "busy_over_idle", 1.0),
+            ("official_busy_over_idle_per_round", "official", "busy_over_idle", 1.0),
             ("ours_during_submission_p50_ms", "ours", "burst_p50_ms", 1.0),
             ("official_during_submission_p50_ms", "official", "burst_p50_ms", 1.0),
             ("ours_pending_at_end", "ours", "pending_at_end", 1.0),

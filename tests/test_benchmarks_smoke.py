@@ -70,6 +70,7 @@ def test_smoke_run_reports_every_row_with_numbers(smoke: tuple[dict[str, Any], s
     assert rows["P1-U3"]["detail"]["ours_transport"] == "urllib3"
     assert rows["P8"]["spread"]["ours"]["n"] == 1  # the compiling run is apart, not counted
     assert rows["P8"]["detail"]["ours_first_run_ms"] > 0.0
+    assert rows["P9"]["detail"]["ours_busy_over_idle_per_round"] > 0.0
     assert rows["P1"]["detail"]["ours_threads_at_peak"]  # the default path's worker ran too
     assert 0.0 < rows["P12-LOOP"]["ours"] and 0.0 < rows["P12-LOOP"]["official"]
     assert {"ours_loop_ms_lost_per_sample", "official_loop_ms_lost_per_sample"} <= set(
