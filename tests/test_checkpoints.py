@@ -470,3 +470,93 @@ def test_signed_links_serve_ranges_etag_and_digest(seed: Seed, server: LocalServ
     assert changed.status_code == 200 and changed.content == body
     beyond = requests.get(url, headers={"Range": f"bytes={len(body)}-"}, timeout=10)
     assert beyond.status_code == 416 and beyond.headers["content-range"] == f"bytes */{len(body)}"
+
+
+# -- review: bounded, visible waits; signed URLs kept out of logs and errors ------------------
+
+
+def test_archive_endpoint_errors_honour_retry_after_and_name_the_checkpoint(
+    seed: Seed, server: LocalServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.faults.add("training_runs/*/checkpoints/**/archive 429 x1 retry_after=3")
+    server.faults.add("training_runs/*/checkpoints/**/archive 500 x1")
+    clock = VirtualSleepClock()
+    with caplog.at_level("INFO", logger="tinker_sync.checkpoints"):
+        result = download_checkpoint(
+            seed.weights, tmp_path, service_client=seed.service, _clock=clock
+        )
+    assert read_dir(result.path)
+    assert clock.delays("download-retry") == [3.0, 1.0]  # Retry-After, then the HTTP backoff
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(retries) == 2 and all(seed.weights in m for m in retries)
+
+
+def test_a_closed_rest_client_is_refused(seed: Seed, server: LocalServer, tmp_path: Path) -> None:
+    rest = tinker_sync.RestClient(base_url=server.url, api_key=server.api_key)
+    rest.list_checkpoints(seed.run_id).result(TIMEOUT)  # started
+    rest.close()
+    before = len(server.requests)
+    with pytest.raises(tinker_sync.ClientClosedError):
+        download(seed.weights, tmp_path, rest_client=rest)
+    assert len(server.requests) == before and list(tmp_path.iterdir()) == []
+
+
+SIGNATURE = "c2lnbmF0dXJlLW9mLXRoZS1saW5r0123456789abcdef"
+
+
+class EchoingDenial(http.server.BaseHTTPRequestHandler):
+    """Storage that refuses a link and echoes its query, as S3's SignatureDoesNotMatch does."""
+
+    def do_GET(self) -> None:
+        body = f"<Error><SignatureProvided>{self.path}</SignatureProvided></Error>".encode()
+        self.send_response(403)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def everything_said(exc: BaseException, caplog: pytest.LogCaptureFixture) -> str:
+    import pickle
+
+    from tinker_sync._runtime.causes import related
+
+    chain = list(related(exc))
+    return "\n".join(
+        [caplog.text]
+        + [f"{e!s} {e!r}" for e in chain]
+        + [repr(getattr(e, "response", None)) for e in chain]
+        + [repr(pickle.dumps(exc))]
+    )
+
+
+def test_signed_url_query_never_reaches_logs_or_errors(
+    seed: Seed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), EchoingDenial)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    port = httpd.server_address[1]
+    query = f"?X-Amz-Credential=AKIDEXAMPLE1234&X-Amz-Signature={SIGNATURE}"
+    clock = VirtualSleepClock()
+    try:
+        with caplog.at_level("DEBUG", logger="tinker_sync"):
+            # a denied link (signed again, then given up) and a refused connection
+            fake_listing(monkeypatch, seed, {"a.bin": f"http://127.0.0.1:{port}/a.bin{query}"})
+            with pytest.raises(tinker_sync.PermissionDeniedError) as denied:
+                download(seed.external, tmp_path, service_client=seed.service, _clock=clock)
+            fake_listing(monkeypatch, seed, {"b.bin": f"http://127.0.0.1:9/b.bin{query}"})
+            with pytest.raises(APIConnectionError) as refused:
+                download(seed.external, tmp_path, service_client=seed.service, _clock=clock)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(TIMEOUT)
+    assert denied.value.response is not None and b"<redacted>" in denied.value.response.content
+    for info in (denied, refused):
+        said = everything_said(info.value, caplog)
+        assert SIGNATURE not in said and "AKIDEXAMPLE1234" not in said
+    assert "retrying in" in caplog.text and "http://127.0.0.1:9/b.bin " in caplog.text
+    assert list(tmp_path.iterdir()) == []

@@ -46,6 +46,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from tinker_sync._paths import CheckpointPath, parse_checkpoint_path
 from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
@@ -94,7 +95,9 @@ ARCHIVE_DEADLINE_S = 1800.0
 """How long the archive endpoint may answer "still creating" (503) before DownloadError."""
 ARCHIVE_POLL_S = 2.0
 """Poll interval while the archive is created, when the server sends no ``Retry-After``."""
+ARCHIVE_POLL_MIN_S = 0.05
 ARCHIVE_POLL_MAX_S = 30.0
+"""The bounds of one wait for the archive (the server's ``Retry-After`` is clamped to them)."""
 RESIGN_MARGIN_S = 300.0
 CHUNK_BYTES = 1 << 20
 TIMEOUT = (5.0, 60.0)
@@ -294,7 +297,6 @@ def _fetch(
         _fetch_by_export(fetcher, parsed.tinker_path, staging, service, fetcher.clock)
         return "export"
     part = staging / f".{ARCHIVE_NAME}.part"
-    fetcher.total = 0
     fetcher.transfer(url, ARCHIVE_NAME, part, archive.url)
     try:
         _extract(part, staging)
@@ -326,11 +328,11 @@ class _Archive:
 
     def url(self) -> str:
         """The archive's signed URL (polling while the server creates the archive)."""
-        from tinker_sync._flow.retry import classify, http_backoff, parse_retry_after
+        from tinker_sync._flow.retry import classify, parse_retry_after, retry_delay
         from tinker_sync._transport import Pool, RequestSpec, error_from_reply, quote_path
 
         clock = self.fetcher.clock
-        transport = self.rest._session.transport  # starts the REST client: no session
+        where = self.parsed.tinker_path
         spec = RequestSpec(
             method="GET",
             path=(
@@ -344,41 +346,43 @@ class _Archive:
         start = clock.monotonic()
         failures = 0
         while True:
+            headers = None
             try:
-                reply = transport.send_once(spec)
+                reply = self.rest.send_once(spec)  # starts the REST client: no session
             except Exception as exc:
-                failures += 1
-                if failures >= DOWNLOAD_ATTEMPTS or not classify(exc).retryable:
-                    raise
-                clock.sleep(http_backoff(failures - 1, clock.random), "download-retry")
-                continue
-            if reply.status in (301, 302, 303, 307, 308) and reply.headers.get("location"):
-                return str(reply.headers["location"])
-            if 200 <= reply.status < 300 and reply.status != 202:
-                body = reply.json()
-                if isinstance(body, dict) and isinstance(body.get("url"), str):
-                    return str(body["url"])
-                raise DownloadError(
-                    f"the archive endpoint of {self.parsed.tinker_path} sent no url"
-                )
-            if reply.status in (202, 503):  # still creating the archive
-                self.fetcher.polls += 1
-                wait = parse_retry_after(reply.headers, clock.time()) or ARCHIVE_POLL_S
-                wait = min(max(wait, 0.05), ARCHIVE_POLL_MAX_S)
-                waited = clock.monotonic() - start
-                if waited + wait > self.deadline:
-                    raise DownloadError(
-                        f"the archive of {self.parsed.tinker_path} was still being created "
-                        f"after {waited:.0f} s (archive_deadline={self.deadline:g} s)"
+                failure: Exception = exc
+            else:
+                if reply.status in (301, 302, 303, 307, 308) and reply.headers.get("location"):
+                    return str(reply.headers["location"])
+                if 200 <= reply.status < 300 and reply.status != 202:
+                    body = reply.json()
+                    if isinstance(body, dict) and isinstance(body.get("url"), str):
+                        return str(body["url"])
+                    raise DownloadError(f"the archive endpoint of {where} sent no url")
+                if reply.status in (202, 503):  # still creating the archive
+                    self.fetcher.polls += 1
+                    wait = parse_retry_after(reply.headers, clock.time()) or ARCHIVE_POLL_S
+                    wait = min(max(wait, ARCHIVE_POLL_MIN_S), ARCHIVE_POLL_MAX_S)
+                    waited = clock.monotonic() - start
+                    if waited + wait > self.deadline:
+                        raise DownloadError(
+                            f"the archive of {where} was still being created after "
+                            f"{waited:.0f} s (archive_deadline={self.deadline:g} s)"
+                        )
+                    self.fetcher.event(
+                        f"server is creating the archive ({waited:.0f} s)",
+                        f"the server is creating the archive of {where} ({waited:.0f} s); "
+                        f"asking again in {wait:.1f} s",
                     )
-                self.fetcher.event(f"server is creating the archive ({waited:.0f} s)")
-                clock.sleep(wait, "archive-wait")
-                continue
-            error = error_from_reply(reply)
+                    clock.sleep(wait, "archive-wait")
+                    continue
+                failure, headers = error_from_reply(reply), reply.headers
             failures += 1
-            if failures >= DOWNLOAD_ATTEMPTS or not classify(error).retryable:
-                raise error
-            clock.sleep(http_backoff(failures - 1, clock.random), "download-retry")
+            if failures >= DOWNLOAD_ATTEMPTS or not classify(failure).retryable:
+                raise failure
+            delay = retry_delay(headers, failures - 1, clock)
+            log.info("the archive URL of %s failed (%s); retrying in %.1f s", where, failure, delay)
+            clock.sleep(delay, "download-retry")
 
 
 def _extract(archive: Path, dest: Path) -> None:
@@ -486,6 +490,21 @@ def _repr_digest(headers: requests.structures.CaseInsensitiveDict[str]) -> bytes
     return None
 
 
+def _without_query(url: str) -> str:
+    """``url`` for a log line: no query string (a signed URL's signature) and no user info."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+def _hide_query(body: bytes, url: str) -> bytes:
+    """``body`` with every query value of ``url`` (a signature, a credential) replaced."""
+    for _, value in parse_qsl(urlsplit(url).query):
+        if len(value) >= 6:
+            for form in {value, quote(value, safe="")}:
+                body = body.replace(form.encode(), b"<redacted>")
+    return body
+
+
 _CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
@@ -520,8 +539,9 @@ class _Fetcher:
         if self.progress is not None:
             self.progress(done, max(self.total, done) if self.total else 0)
 
-    def event(self, text: str) -> None:
-        log.info("%s", text)
+    def event(self, text: str, detail: str | None = None) -> None:
+        """Show ``text`` through ``on_event``; log ``detail`` (or ``text``) at INFO."""
+        log.info("%s", text if detail is None else detail)
         if self.on_event is not None:
             self.on_event(text)
 
@@ -576,46 +596,45 @@ class _Fetcher:
         """Fetch ``url`` into ``part`` (resuming, re-signing, verifying; docs/downloads.md)."""
         import requests
 
+        from tinker_sync._flow.retry import classify, http_backoff
+
         base = self.done
         state = _FileState()
-        failures = 0  # consecutive attempts without new bytes
+        stalls = 0  # consecutive attempts without new bytes
         resigns = 0
-        last: BaseException | None = None
         try:
             with requests.Session() as http:
                 while True:
-                    if state.attempts >= DOWNLOAD_ATTEMPTS:
-                        assert last is not None
-                        raise last
                     state.attempts += 1
                     self.attempts += 1
                     try:
-                        done = self._attempt(http, url, name, part, state, base)
-                    except _Cut as cut:
-                        last = cut.error
-                        status = getattr(cut.error, "status_code", None)
-                        if status in (401, 403) and resigns < RESIGN_LIMIT:
-                            resigns += 1
-                            self.resigns += 1
-                            state.attempts -= 1  # an expired link is not a failed attempt
-                            self.event(f"{name}: link expired, signing it again")
-                            url = resign()
-                            continue
-                        retryable = isinstance(cut.error, APIConnectionError) or (
-                            isinstance(status, int) and (status >= 500 or status in (408, 429))
-                        )
-                        if not retryable or state.attempts >= DOWNLOAD_ATTEMPTS:
-                            raise cut.error from None
-                        if cut.progress:
-                            failures = 0
-                            continue  # the network cut a transfer that was moving: resume now
-                        delay = min(0.5 * 2.0**failures, 10.0)
-                        failures += 1
-                        log.info("download of %s failed (%s); retrying in %.1f s", name, cut, delay)
-                        self.clock.sleep(delay, "download-retry")
-                        continue
-                    if done:
+                        self._attempt(http, url, name, part, state, base)
                         break
+                    except _Cut as cut:
+                        error, progress = cut.error, cut.progress
+                    status = getattr(error, "status_code", None)
+                    if status in (401, 403) and resigns < RESIGN_LIMIT:
+                        resigns += 1
+                        self.resigns += 1
+                        state.attempts -= 1  # an expired link is not a failed attempt
+                        self.event(f"{name}: link expired, signing it again")
+                        url = resign()
+                        continue
+                    if state.attempts >= DOWNLOAD_ATTEMPTS or not classify(error).retryable:
+                        raise error  # raised here: no chained exception holds the signed URL
+                    if progress:
+                        stalls = 0
+                        continue  # the network cut a transfer that was moving: resume now
+                    delay = http_backoff(stalls, self.clock.random)
+                    stalls += 1
+                    log.info(
+                        "fetching %s from %s failed (%s); retrying in %.1f s",
+                        name,
+                        _without_query(url),
+                        error,
+                        delay,
+                    )
+                    self.clock.sleep(delay, "download-retry")
             self._verify(part, name, state)
         except BaseException:
             self.report(base)
@@ -631,8 +650,8 @@ class _Fetcher:
         part: Path,
         state: _FileState,
         base: int,
-    ) -> bool:
-        """One GET; True when the file is complete. Raises :class:`_Cut` on any failure."""
+    ) -> None:
+        """One GET; returns once the file is complete. Raises :class:`_Cut` on any failure."""
         import requests
         import urllib3
 
@@ -655,16 +674,16 @@ class _Fetcher:
         with response:
             status = response.status_code
             if status == 416 and state.total is not None and state.offset == state.total:
-                return True
+                return
             if status == 416:  # our offset is beyond the file: start again
                 state.restart(part)
                 raise _Cut(APIConnectionError(f"{name}: range not satisfiable", snapshot), False)
             if status not in (200, 206):
-                body = response.content[:2000]
-                cls = status_error_class(response.status_code)
+                body = _hide_query(response.content[:2000], url)  # storage errors echo it
+                cls = status_error_class(status)
                 error: APIStatusError = cls(
-                    f"fetching {name}: HTTP {response.status_code}",
-                    response=ResponseSnapshot(response.status_code, dict(response.headers), body),
+                    f"fetching {name}: HTTP {status}",
+                    response=ResponseSnapshot(status, dict(response.headers), body),
                     request=snapshot,
                 )
                 raise _Cut(error, False)
@@ -700,21 +719,16 @@ class _Fetcher:
             digest = _repr_digest(response.headers)
             if digest is not None:
                 state.digest = digest
-            expected = length
             received = 0
             try:
                 with open(part, mode) as fh:
                     for chunk in _body_chunks(response):
-                        fh.write(chunk)
+                        fh.write(chunk)  # an OSError here (disk full) is not retried
                         received += len(chunk)
                         state.offset += len(chunk)
                         self.transferred += len(chunk)
                         self.report(base + state.offset)
-            except (
-                requests.exceptions.RequestException,
-                urllib3.exceptions.HTTPError,
-                OSError,
-            ) as exc:
+            except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as exc:
                 raise _Cut(
                     APIConnectionError(
                         f"fetching {name} failed after {received} bytes: {type(exc).__name__}",
@@ -722,14 +736,13 @@ class _Fetcher:
                     ),
                     state.offset > best,
                 ) from None
-            if expected is not None and received != expected:
+            if length is not None and received != length:
                 raise _Cut(
                     APIConnectionError(
-                        f"fetching {name}: got {received} of {expected} bytes", snapshot
+                        f"fetching {name}: got {received} of {length} bytes", snapshot
                     ),
                     state.offset > best,
                 )
-            return True
 
     def _verify(self, part: Path, name: str, state: _FileState) -> None:
         sha = hashlib.sha256()

@@ -288,6 +288,17 @@ class RestClient:
         session = self._session
         return self._submit(name, lambda: decode(session.request(spec)))
 
+    def send_once(self, spec: RequestSpec) -> Reply:
+        """Send ``spec`` once in the caller's thread, with this client's URL, credentials and
+        hooks: no retry, no session, and an error status is returned, not raised.
+
+        For SDK modules that poll an endpoint themselves (``checkpoints``: the archive being
+        created); ``RequestSpec`` comes from ``tinker_sync._transport``. Raises
+        :class:`~tinker_sync.ClientClosedError` after ``close()``, or the transport's exception.
+        """
+        self._check_open()
+        return self._session.transport.send_once(spec)
+
     # ---------------------------------------------------------------- capabilities
 
     def get_server_capabilities(self) -> APIFuture[GetServerCapabilitiesResponse]:
