@@ -56,31 +56,42 @@ ARCHIVE_RETRY_S = 2.0
 ARCHIVES_HELD = 2
 
 
+#: A file's bytes and the headers that describe them (:func:`_with_validators`).
+_Served = tuple[bytes, dict[str, str]]
+
+
 @dataclass
 class _Archive:
     """One checkpoint's archive: ready at ``ready_at`` (server time); built on first use."""
 
     ready_at: float
-    blob: bytes | None = None
+    served: _Served | None = None
 
 
-def _validators(data: bytes) -> dict[str, str]:
-    """``etag`` (strong, from the content) and ``repr-digest`` (RFC 9530, sha-256)."""
+def _archive_key(row: CheckpointRow) -> tuple[str, str, str]:
+    """One archive per checkpoint version (a checkpoint saved again gets a new one)."""
+    return (row.run_id, row.checkpoint_id, str(row.created_at))
+
+
+def _with_validators(data: bytes) -> _Served:
+    """``data`` with its ``etag`` (strong, from the content) and ``repr-digest`` (RFC 9530,
+    sha-256); run on the I/O pool, never on the event loop (a large archive takes a while)."""
     digest = hashlib.sha256(data).digest()
-    return {
+    return data, {
         "etag": f'"{digest[:16].hex()}"',
         "repr-digest": f"sha-256=:{base64.b64encode(digest).decode()}:",
         "accept-ranges": "bytes",
     }
 
 
-def _ranged(request: HttpRequest, data: bytes, content_type: str) -> HttpResponse:
-    """A GET of ``data`` honouring one ``Range: bytes=a-[b]`` and ``If-Range`` (docs/downloads.md).
+def _ranged(request: HttpRequest, served: _Served, content_type: str) -> HttpResponse:
+    """A GET of a file honouring one ``Range: bytes=a-[b]`` and ``If-Range`` (docs/downloads.md).
 
     The ETag and Repr-Digest describe the whole file on 200 and 206 alike. A fault rule with
     ``no_ranges`` makes this answer 200 with everything, like a server without range support.
     """
-    headers = {"content-type": content_type, **_validators(data)}
+    data, validators = served
+    headers = {"content-type": content_type, **validators}
     spec = request.headers.get("range", "")
     if not spec or request.meta.get("fault.no_ranges"):
         if request.meta.get("fault.no_ranges"):
@@ -309,7 +320,7 @@ class RestApi:
         while the archive is being created (fault ``generating=N``: it takes N seconds)."""
         row = self._checkpoint_row(run_id, ckpt_id)
         now = self._now()
-        key = (row.run_id, row.checkpoint_id, str(row.created_at))
+        key = _archive_key(row)
         state = self._archives.get(key)
         if state is None:
             state = _Archive(ready_at=now + request.meta.get("fault.generating", 0.0))
@@ -539,30 +550,32 @@ class RestApi:
         if self._store.get_checkpoint(run_id, ckpt_id) is None:
             raise HttpError(404, "checkpoint no longer exists")
         if kind == "archive":
-            blob = await self._archive_blob(run_id, ckpt_id)
-            return _ranged(request, blob, "application/x-tar")
+            return _ranged(
+                request, await self._archive_served(run_id, ckpt_id), "application/x-tar"
+            )
+        path = f"{CheckpointFiles.FILES}/{rel}"
         try:
-            data = await self._run_io(
-                lambda: self._files.read(run_id, ckpt_id, f"{CheckpointFiles.FILES}/{rel}")
+            served = await self._run_io(
+                lambda: _with_validators(self._files.read(run_id, ckpt_id, path))
             )
         except FileNotFoundError:
             raise HttpError(404, f"no file {rel!r} in this checkpoint") from None
-        return _ranged(request, data, "application/octet-stream")
+        return _ranged(request, served, "application/octet-stream")
 
-    async def _archive_blob(self, run_id: str, ckpt_id: str) -> bytes:
-        """The checkpoint's tar, built once per checkpoint (ranges of one download agree)."""
-        row = self._checkpoint_row(run_id, ckpt_id)
-        key = (row.run_id, row.checkpoint_id, str(row.created_at))
+    async def _archive_served(self, run_id: str, ckpt_id: str) -> _Served:
+        """The checkpoint's tar and its validators, built once per checkpoint version (the
+        ranges of one download agree); the ``ARCHIVES_HELD`` most recent stay in memory."""
+        key = _archive_key(self._checkpoint_row(run_id, ckpt_id))
         state = self._archives.setdefault(key, _Archive(ready_at=self._now()))
-        if state.blob is None:
-            blob = await self._run_io(lambda: self._tar(run_id, ckpt_id))
+        if state.served is None:
+            served = await self._run_io(lambda: _with_validators(self._tar(run_id, ckpt_id)))
             self._archives = {k: v for k, v in self._archives.items() if k[:2] != key[:2]}
-            state.blob = blob
+            state.served = served
             self._archives[key] = state
-            held = [v for v in self._archives.values() if v.blob is not None]
+            held = [v for v in self._archives.values() if v.served is not None]
             for old in held[:-ARCHIVES_HELD]:  # the oldest are built again if asked for
-                old.blob = None
-        return state.blob
+                old.served = None
+        return state.served
 
     def _tar(self, run_id: str, ckpt_id: str) -> bytes:
         buf = io.BytesIO()
