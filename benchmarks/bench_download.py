@@ -109,9 +109,9 @@ def one_run(url: str, key: str, data_dir: Path, size: int, cuts: int) -> dict[st
         intact = _sha256(result.path / BIG_FILE) == digest
         out["ours"] = {
             "outcome": "verified" if intact and result.verified_by == "repr-digest" else "corrupt",
-            "archive_bytes": result.size_bytes,
+            "archive_bytes": result.fetched_bytes,
             "bytes_transferred": result.bytes_transferred,
-            "ratio": result.bytes_transferred / result.size_bytes,
+            "ratio": result.bytes_transferred / result.fetched_bytes,
             "resumed_bytes": result.resumed_bytes,
             "attempts": result.attempts,
             "wall_s": ours_s,

@@ -137,7 +137,7 @@ def test_training_checkpoint_comes_as_an_archive_without_a_run_or_session(
     assert files and all(files.values()) and tuple(sorted(files)) == result.files
     assert result.source == "archive" and result.verified_by == "repr-digest"
     assert result.bytes_written == sum(len(b) for b in files.values())
-    assert result.bytes_transferred == result.size_bytes > result.bytes_written  # tar headers
+    assert result.bytes_transferred == result.fetched_bytes > result.bytes_written  # tar headers
     assert result.attempts == 1 and result.resumed_bytes == 0
     assert list(result.digests) == ["archive.tar"]
     entries = server.requests.all()[before:]
@@ -218,7 +218,7 @@ def test_cut_archive_resumes_with_range_and_if_range(
     assert ranges == ["bytes=1000-", "bytes=2000-", "bytes=3000-"]
     assert len({g.headers["if-range"] for g in gets[1:]}) == 1
     # every byte crossed the network once; nothing was fetched twice
-    assert result.bytes_transferred == result.size_bytes
+    assert result.bytes_transferred == result.fetched_bytes
     assert result.resumed_bytes == 1000 + 2000 + 3000
     assert result.attempts == 4 and result.verified_by == "repr-digest"
     assert clock.delays("download-retry") == []  # a moving transfer resumes at once
@@ -241,7 +241,7 @@ def test_server_ignoring_ranges_is_detected_and_restarted(
     gets = file_gets(server, before)
     assert [g.status for g in gets] == [200, 200]
     assert gets[1].headers.get("range") == "bytes=1000-"
-    assert result.bytes_transferred == 1000 + result.size_bytes
+    assert result.bytes_transferred == 1000 + result.fetched_bytes
     assert result.resumed_bytes == 0 and result.attempts == 2
     assert any("ignored the range" in e for e in events)
     assert read_dir(result.path)
@@ -277,7 +277,7 @@ def test_expired_url_is_signed_again_and_the_download_continues(
         ("file", 206),
     ]
     assert entries[-1].headers["range"] == "bytes=1000-"
-    assert result.resigns == 1 and result.bytes_transferred == result.size_bytes
+    assert result.resigns == 1 and result.bytes_transferred == result.fetched_bytes
     assert read_dir(result.path)
 
 
@@ -560,3 +560,34 @@ def test_signed_url_query_never_reaches_logs_or_errors(
         assert SIGNATURE not in said and "AKIDEXAMPLE1234" not in said
     assert "retrying in" in caplog.text and "http://127.0.0.1:9/b.bin " in caplog.text
     assert list(tmp_path.iterdir()) == []
+
+
+def test_download_errors_are_exported_and_pickle() -> None:
+    import pickle
+
+    assert tinker_sync.DownloadError is DownloadError and "DownloadError" in tinker_sync.__all__
+    assert tinker_sync.DownloadVerificationError is DownloadVerificationError
+    error = pickle.loads(pickle.dumps(DownloadVerificationError("bad tar", check="tar")))
+    assert isinstance(error, DownloadError) and error.check == "tar" and str(error) == "bad tar"
+
+
+@pytest.mark.parametrize("member", ["../evil.bin", "/abs.bin", "a/../../b"])
+def test_an_archive_member_with_an_unsafe_name_fails_the_tar_check(
+    tmp_path: Path, member: str
+) -> None:
+    import io
+    import tarfile
+
+    from tinker_sync.checkpoints import _extract
+
+    archive = tmp_path / "archive.tar"
+    with tarfile.open(archive, "w") as tar:
+        info = tarfile.TarInfo(member)
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(DownloadVerificationError, match="unsafe") as caught:
+        _extract(archive, dest)
+    assert caught.value.check == "tar"
+    assert list(dest.iterdir()) == [] and not (tmp_path / "evil.bin").exists()

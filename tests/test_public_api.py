@@ -87,6 +87,8 @@ EXCEPTIONS = {  # docs/design/surface.md#exceptions
     "ForkedProcessError",
     "MissingCredentialsError",
     "TokenizerLoadError",
+    "DownloadError",
+    "DownloadVerificationError",
 }
 ENUMS = {"RequestOutcome", "RequestErrorCategory"}
 WARNINGS = {"ExperimentalWarning"}

@@ -100,6 +100,8 @@ _EXPORTS: dict[str, str] = {
     "ForkedProcessError": "tinker_sync.exceptions",
     "MissingCredentialsError": "tinker_sync.exceptions",
     "TokenizerLoadError": "tinker_sync.exceptions",
+    "DownloadError": "tinker_sync.exceptions",
+    "DownloadVerificationError": "tinker_sync.exceptions",
     "RequestOutcome": "tinker_sync.exceptions",
     "RequestErrorCategory": "tinker_sync.exceptions",
     "ExperimentalWarning": "tinker_sync.exceptions",
@@ -130,6 +132,8 @@ __all__ = [
     "DimuonOptimizerConfig",
     "DimuonParams",
     "DmelChunk",
+    "DownloadError",
+    "DownloadVerificationError",
     "EncodedTextChunk",
     "ExperimentalWarning",
     "ForkedProcessError",
@@ -248,6 +252,12 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     )
     from tinker_sync.exceptions import (
         ConflictError as ConflictError,
+    )
+    from tinker_sync.exceptions import (
+        DownloadError as DownloadError,
+    )
+    from tinker_sync.exceptions import (
+        DownloadVerificationError as DownloadVerificationError,
     )
     from tinker_sync.exceptions import (
         ExperimentalWarning as ExperimentalWarning,

@@ -127,9 +127,9 @@ class DownloadResult:
       fallback through a temporary training run).
     * ``files`` / ``bytes_written``: the files placed in ``path`` and their total size (what
       ``size_bytes`` of ``checkpoint list`` counts).
-    * ``size_bytes``: the size of what was fetched (the archive with its tar headers, or the
-      files).
-    * ``bytes_transferred``: body bytes received over every attempt (at most ``size_bytes``
+    * ``fetched_bytes``: the size of what was fetched (the archive with its tar headers, or
+      the files).
+    * ``bytes_transferred``: body bytes received over every attempt (at most ``fetched_bytes``
       plus what cut attempts delivered twice); ``resumed_bytes``: bytes not fetched again
       thanks to ``Range`` resumes.
     * ``digests``: ``{name: "sha256:<hex>"}`` of what was fetched (the archive, or each file).
@@ -143,7 +143,7 @@ class DownloadResult:
     source: Literal["archive", "external_weights", "export"]
     files: tuple[str, ...]
     bytes_written: int
-    size_bytes: int
+    fetched_bytes: int
     bytes_transferred: int
     resumed_bytes: int
     digests: dict[str, str]
@@ -262,7 +262,7 @@ def download_checkpoint(
         source=source,
         files=files,
         bytes_written=written,
-        size_bytes=fetcher.fetched,
+        fetched_bytes=fetcher.fetched,
         bytes_transferred=fetcher.transferred,
         resumed_bytes=fetcher.resumed,
         digests=dict(fetcher.digests),
@@ -407,7 +407,7 @@ def _extract(archive: Path, dest: Path) -> None:
                     shutil.copyfileobj(source, fh, CHUNK_BYTES)
                 if path.stat().st_size != member.size:
                     raise tarfile.ReadError(f"{member.name}: truncated")
-    except tarfile.TarError as exc:
+    except (tarfile.TarError, ValueError) as exc:  # ValueError: an unsafe member name
         raise DownloadVerificationError(
             f"the downloaded archive is not a valid tar: {exc}", check="tar"
         ) from None

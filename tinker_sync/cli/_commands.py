@@ -543,7 +543,7 @@ def cmd_checkpoint_download(args: argparse.Namespace, ctx: Context) -> int:
             "files": list(result.files),
             "size_bytes": result.bytes_written,
             "bytes": result.bytes_written,
-            "fetched_bytes": result.size_bytes,
+            "fetched_bytes": result.fetched_bytes,
             "bytes_transferred": result.bytes_transferred,
             "resumed_bytes": result.resumed_bytes,
             "digest": digest,
@@ -560,7 +560,7 @@ def cmd_checkpoint_download(args: argparse.Namespace, ctx: Context) -> int:
         ["Checkpoint Path", path],
         ["Files", str(len(result.files))],
         ["Size on disk", f"{format_size(result.bytes_written)} (what checkpoint list counts)"],
-        ["Fetched", f"{format_size(result.size_bytes)} ({fetched})"],
+        ["Fetched", f"{format_size(result.fetched_bytes)} ({fetched})"],
         [
             "Transferred",
             f"{format_size(result.bytes_transferred)} in {result.attempts} "
