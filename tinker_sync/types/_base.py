@@ -32,6 +32,7 @@ import numpy as np
 from tinker_sync.types._coerce import (
     Invalid,
     ValidationError,
+    short_repr,
     to_bool,
     to_float,
     to_int,
@@ -150,8 +151,7 @@ class TinkerModel:
         """
         if mode not in ("python", "json"):
             raise ValueError(f"mode must be 'python' or 'json', got {mode!r}")
-        out = self._tinker_dump(mode == "json", exclude_none, False)
-        return out
+        return self._tinker_dump(mode == "json", exclude_none, False)
 
     def model_dump_json(self, *, exclude_none: bool = False, indent: int | None = None) -> str:
         """Return the JSON text of ``model_dump(mode="json", exclude_none=...)``."""
@@ -260,7 +260,7 @@ def _dataclass_checks(cls: type) -> tuple[tuple[str, "Check", str], ...]:
         convert = f.metadata.get("convert")
         check: Check
         if convert is not None:
-            check = _converter_check(convert)
+            check = _own_converter(convert, f"{cls.__name__}.{f.name}")
         else:
             check = check_for(f.type)
             if check is _any:
@@ -272,20 +272,6 @@ def _dataclass_checks(cls: type) -> tuple[tuple[str, "Check", str], ...]:
 
 
 _NAMED = re.compile(r"([A-Za-z_]\w*\.[^\s:]+): (.*)", re.S)
-
-
-def _converter_check(fn: Callable[[Any], Any]) -> "Check":
-    """A type's own converter as a check: its TypeError / ValueError becomes a ValidationError."""
-
-    def check(value: Any, path: str) -> Any:
-        try:
-            return fn(value)
-        except ValidationError:
-            raise
-        except (TypeError, ValueError) as exc:
-            raise _as_validation_error(path, exc, value) from None
-
-    return check
 
 
 def is_model_class(cls: Any) -> bool:
@@ -384,20 +370,11 @@ Check = Callable[[Any, str], Any]
 """A strict check: ``check(value, path) -> converted value`` or raise TypeError / ValueError."""
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _bad_type(path: str, expected: str, value: Any, kind: str = "type_error") -> ValidationError:
     t = type(value)
     got = describe_type(value) if t.__name__ == expected or is_official(value) else t.__name__
-    text = f"expected {expected}, got {got} {_short(value)}"
+    text = f"expected {expected}, got {got} {short_repr(value)}"
     return ValidationError.single(path, kind, text, value, got=False)
-
-
-def _invalid(path: str, exc: Invalid, value: Any) -> ValidationError:
-    return ValidationError.single(path, exc.kind, exc.msg, value)
 
 
 def _check_int(value: Any, path: str) -> int:
@@ -406,7 +383,7 @@ def _check_int(value: Any, path: str) -> int:
     try:
         return to_int(value)
     except Invalid as exc:
-        raise _invalid(path, exc, value) from None
+        raise exc.at(path, value) from None
 
 
 def _check_float(value: Any, path: str) -> float:
@@ -415,7 +392,7 @@ def _check_float(value: Any, path: str) -> float:
     try:
         return to_float(value)
     except Invalid as exc:
-        raise _invalid(path, exc, value) from None
+        raise exc.at(path, value) from None
 
 
 def _check_str(value: Any, path: str) -> str:
@@ -424,7 +401,7 @@ def _check_str(value: Any, path: str) -> str:
     try:
         return to_str(value)
     except Invalid as exc:
-        raise _invalid(path, exc, value) from None
+        raise exc.at(path, value) from None
 
 
 def _check_bool(value: Any, path: str) -> bool:
@@ -433,7 +410,7 @@ def _check_bool(value: Any, path: str) -> bool:
     try:
         return to_bool(value)
     except Invalid as exc:
-        raise _invalid(path, exc, value) from None
+        raise exc.at(path, value) from None
 
 
 def check_bytes(value: Any, path: str, strict: bool = False) -> bytes:
@@ -472,7 +449,7 @@ def parse_datetime(value: str, path: str) -> _dt.datetime:
         raise ValidationError.single(
             path,
             "datetime_from_date_parsing",
-            f"invalid ISO 8601 datetime {_short(value)}",
+            f"invalid ISO 8601 datetime {short_repr(value)}",
             value,
             got=False,
         ) from None
@@ -485,7 +462,7 @@ def _check_datetime(value: Any, path: str) -> _dt.datetime:
     try:
         stamp = to_timestamp(value)  # pydantic's rule: a number is a Unix time
     except Invalid as exc:
-        raise _invalid(path, exc, value) from None
+        raise exc.at(path, value) from None
     if stamp is None:
         return parse_datetime(value, path)
     try:
@@ -525,7 +502,7 @@ def _literal_check(values: tuple[Any, ...]) -> Check:
         raise ValidationError.single(
             path,
             "literal_error",
-            f"expected one of {list(values)!r}, got {_short(value)}",
+            f"expected one of {list(values)!r}, got {short_repr(value)}",
             value,
             got=False,
         )
@@ -645,7 +622,7 @@ def from_official(value: Any, classes: tuple[type, ...], path: str) -> Any:
                 if f.init and not f.name.startswith("_")
             }
             if name == "TensorData":  # its values are a property, not a field
-                data["data"] = getattr(value, "data")  # noqa: B009
+                data["data"] = getattr(value, "data")  # noqa: B009  (mypy narrows value)
         else:
             return _MISSING
         return cls.model_validate(data)  # type: ignore[attr-defined]
@@ -794,7 +771,7 @@ def check_for(tp: Any) -> Check:
                     raise ValidationError.single(
                         path,
                         "enum",
-                        f"invalid {enum_cls.__name__} {_short(value)}",
+                        f"invalid {enum_cls.__name__} {short_repr(value)}",
                         value,
                         got=False,
                     ) from None
@@ -828,7 +805,7 @@ def checked(cls: type, fields: "list[attrs.Attribute[Any]]") -> "list[attrs.Attr
             changes["converter"] = _own_converter(a.converter, path)  # type: ignore[arg-type]
         else:
             if a.converter is not None:
-                check = _converter_check(a.converter)  # type: ignore[arg-type]
+                check = _own_converter(a.converter, path)  # type: ignore[arg-type]
             else:
                 check = _any if a.type is None else check_for(a.type)
             check = _constrained(check, a.metadata)
@@ -856,10 +833,12 @@ def _as_validation_error(path: str, exc: Exception, value: Any) -> ValidationErr
     return ValidationError.single(path, kind, text, value, got=False)
 
 
-def _own_converter(fn: Callable[[Any], Any], path: str) -> Callable[[Any], Any]:
-    """A field's own converter, its plain errors turned into ValidationError (one frame)."""
+def _own_converter(fn: Callable[[Any], Any], path: str) -> Callable[..., Any]:
+    """A field's own converter with its plain TypeError / ValueError turned into a
+    ValidationError of ``path``, in one frame: ``convert(value)`` serves as an attrs
+    converter, ``convert(value, path)`` as a :data:`Check`."""
 
-    def convert(value: Any) -> Any:
+    def convert(value: Any, path: str = path) -> Any:
         try:
             return fn(value)
         except ValidationError:

@@ -69,17 +69,22 @@ class Invalid(Exception):
         self.kind = kind
         self.msg = msg if msg is not None else _MESSAGES.get(kind, kind)
 
+    def at(self, path: str, value: Any) -> ValidationError:
+        """This rejection as the :class:`ValidationError` of the field at ``path``."""
+        return ValidationError.single(path, self.kind, self.msg, value)
+
 
 def _picklable(value: Any) -> Any:
     """``value``, or its short repr when it cannot be pickled (a generator, a lock)."""
     try:
         pickle.dumps(value)
     except Exception:
-        return _short(value)
+        return short_repr(value)
     return value
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
+    """``repr(value)``, cut to 60 characters for a message."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -131,7 +136,7 @@ class ValidationError(ValueError, TypeError):
     ) -> ValidationError:
         """The error of one field, from a dotted path such as ``ModelInput.chunks[0].tokens``."""
         title, loc = split_path(path)
-        note = f" (got {type(value).__name__} {_short(value)})" if got else ""
+        note = f" (got {type(value).__name__} {short_repr(value)})" if got else ""
         return cls(title, [{"type": kind, "loc": loc, "msg": msg, "input": value}], [note])
 
     def under(self, path: str) -> ValidationError:
@@ -206,8 +211,9 @@ def _int_from_float(value: float) -> int:
 
 
 def _as_number(value: Any) -> int | float | None:
-    """A foreign scalar (numpy, torch, ``__index__`` / ``__float__``) as an int or float."""
-    if _is_array(value):
+    """A foreign scalar (numpy, torch, ``__index__`` / ``__float__``) as an int or float; None
+    for anything else (an array, a bytearray, a complex)."""
+    if isinstance(value, (bytearray, complex)) or _is_array(value):
         return None
     if isinstance(value, np.bool_):  # numpy < 2 warns when one is used as an index
         return int(value)
@@ -237,7 +243,7 @@ def to_int(value: Any) -> int:
         if value != value.to_integral_value():
             raise Invalid("int_from_float")
         return int(value)
-    number = None if isinstance(value, (bytearray, complex)) else _as_number(value)
+    number = _as_number(value)
     if number is None:
         raise Invalid("int_type")
     return number if isinstance(number, int) else _int_from_float(number)
@@ -266,7 +272,7 @@ def to_float(value: Any) -> float:
         return _float_from_text(value)
     if isinstance(value, bytes):
         return _float_from_text(_decode(value))
-    number = None if isinstance(value, (bytearray, complex)) else _as_number(value)
+    number = _as_number(value)
     if number is None:
         raise Invalid("float_type")
     return float(number)
@@ -301,7 +307,7 @@ def to_bool(value: Any) -> bool:
         if isinstance(value, decimal.Decimal) and not value.is_finite():
             raise Invalid("bool_type")
         return _bool_from_number(float(value))
-    number = None if isinstance(value, (bytearray, complex)) else _as_number(value)
+    number = _as_number(value)
     if number is None:
         raise Invalid("bool_type")
     return _bool_from_number(number)
@@ -338,7 +344,7 @@ def to_timestamp(value: Any) -> float | None:
     elif isinstance(value, (int, float)):
         number = float(value)
     else:
-        found = None if isinstance(value, (bytearray, complex)) else _as_number(value)
+        found = _as_number(value)
         if found is None:
             raise Invalid("datetime_type")
         number = float(found)

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tinker_sync.types._base import TinkerRequest, checked
-from tinker_sync.types._coerce import Invalid, ValidationError, to_int
+from tinker_sync.types._coerce import Invalid, to_int
 
 __all__ = [
     "DmelChunk",
@@ -57,8 +57,7 @@ def _tokens(value: Any) -> Sequence[int]:
         try:
             out.append(to_int(t))  # pydantic's lax int rule, as the official list[int]
         except Invalid as exc:
-            path = f"EncodedTextChunk.tokens[{i}]"
-            raise ValidationError.single(path, exc.kind, exc.msg, t) from None
+            raise exc.at(f"EncodedTextChunk.tokens[{i}]", t) from None
     return out
 
 
