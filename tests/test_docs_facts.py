@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tinker_sync import _config
+from tinker_sync import _config, checkpoints
 from tinker_sync._flow import hedge, limiter, retry, sharedbackoff
 from tinker_sync._polling import decide, hold, poller
 from tinker_sync._runtime import executor
@@ -28,6 +28,7 @@ from tinker_sync._sampling.retry import RetryConfig
 from tinker_sync._session import state
 from tinker_sync._transport import _connection, _settings
 from tinker_sync._wire import _estimates
+from tinker_sync.local import _rest
 
 ROOT = Path(__file__).resolve().parent.parent
 KIB = 1024
@@ -190,6 +191,23 @@ FACTS: list[Fact] = [
         [_settings.KEEPALIVE_IDLE_S, _settings.KEEPALIVE_INTERVAL_S, _settings.KEEPALIVE_COUNT],
     ),
     Fact(r"a body of up to (\d+) KiB", [_connection.COALESCE_LIMIT / KIB]),
+    # checkpoint downloads (docs/downloads.md)
+    Fact(
+        r"\((\d+) s when absent; between ([\d.]+) and\s+(\d+) s\)",
+        [
+            checkpoints.ARCHIVE_POLL_S,
+            checkpoints.ARCHIVE_POLL_MIN_S,
+            checkpoints.ARCHIVE_POLL_MAX_S,
+        ],
+    ),
+    Fact(r"`ARCHIVE_DEADLINE_S` = (\d+) s", [checkpoints.ARCHIVE_DEADLINE_S]),
+    Fact(r"DOWNLOAD_ATTEMPTS \((\d+)\)", [checkpoints.DOWNLOAD_ATTEMPTS]),
+    Fact(r"RESIGN_LIMIT \((\d+)\)", [checkpoints.RESIGN_LIMIT]),
+    Fact(r"`ARCHIVES_HELD` \((\d+)\)", [_rest.ARCHIVES_HELD]),
+    Fact(
+        r"min\(([\d.]+) \* 2\^k, (\d+)\) s less up to",
+        [retry.INITIAL_RETRY_DELAY, retry.MAX_RETRY_DELAY],
+    ),
 ]
 
 
