@@ -591,3 +591,15 @@ def test_an_archive_member_with_an_unsafe_name_fails_the_tar_check(
         _extract(archive, dest)
     assert caught.value.check == "tar"
     assert list(dest.iterdir()) == [] and not (tmp_path / "evil.bin").exists()
+
+
+def test_links_about_to_expire_are_signed_again_before_the_first_get(
+    seed: Seed, server: LocalServer, tmp_path: Path
+) -> None:
+    server.faults.add("**/external_weights_urls url_ttl=10 x1")  # inside RESIGN_MARGIN_S
+    before = len(server.requests)
+    target = download(seed.external, tmp_path, service_client=seed.service)
+    entries = server.requests.all()[before:]
+    assert len([e for e in entries if e.path.endswith("external_weights_urls")]) == 2
+    assert [e.status for e in file_gets(server, before)] == [200] * len(read_dir(target))
+    assert read_dir(target) == seed.expected_files(seed.external)

@@ -36,6 +36,7 @@ import binascii
 import dataclasses
 import datetime as _dt
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -552,24 +553,21 @@ class _Fetcher:
         names = {name: _safe_relative(name) for name in listing.urls}
         self.total += self._size_of(rest, tinker_path)
         self.report(self.done)
-        state = {"listing": listing}
 
-        def resign(name: str) -> Callable[[], str]:
-            def again() -> str:
-                state["listing"] = rest.get_external_weights_urls(tinker_path).result()
-                if name not in state["listing"].urls:
-                    raise RuntimeError(f"{name} is no longer part of {tinker_path}")
-                return state["listing"].urls[name]
-
-            return again
+        def sign(name: str) -> str:
+            """``name``'s URL from a new listing (the old one's links expire)."""
+            nonlocal listing
+            listing = rest.get_external_weights_urls(tinker_path).result()
+            if name not in listing.urls:
+                raise RuntimeError(f"{name} is no longer part of {tinker_path}")
+            return listing.urls[name]
 
         for name in sorted(names):
-            if self._expiring(state["listing"].expires):
-                resign(name)()
+            url = sign(name) if self._expiring(listing.expires) else listing.urls[name]
             path = dest.joinpath(*names[name].parts)
             path.parent.mkdir(parents=True, exist_ok=True)
             part = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
-            self.transfer(state["listing"].urls[name], name, part, resign(name))
+            self.transfer(url, name, part, functools.partial(sign, name))
             os.replace(part, path)
 
     def _size_of(self, rest: RestClient, tinker_path: str) -> int:
