@@ -603,3 +603,20 @@ def test_links_about_to_expire_are_signed_again_before_the_first_get(
     assert len([e for e in entries if e.path.endswith("external_weights_urls")]) == 2
     assert [e.status for e in file_gets(server, before)] == [200] * len(read_dir(target))
     assert read_dir(target) == seed.expected_files(seed.external)
+
+
+def test_a_target_that_appears_during_the_download_is_kept_without_force(
+    seed: Seed, server: LocalServer, tmp_path: Path
+) -> None:
+    target = tmp_path / target_dir_name(seed.external)
+
+    def someone_else_writes_it(done: int, total: int) -> None:
+        target.mkdir(exist_ok=True)
+        (target / "theirs.txt").write_text("keep me")
+
+    with pytest.raises(FileExistsError):
+        download(
+            seed.external, tmp_path, service_client=seed.service, progress=someone_else_writes_it
+        )
+    assert read_dir(target) == {"theirs.txt": b"keep me"}
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no staging left

@@ -223,10 +223,7 @@ def download_checkpoint(
         raise TypeError("on_event must be a callable (text) or None")
     out = Path(output_dir).absolute()
     target = out / target_dir_name(tinker_path)
-    if (target.exists() or target.is_symlink()) and not force:
-        raise FileExistsError(
-            errno.EEXIST, f"{target} already exists (pass force=True to replace it)", str(target)
-        )
+    _refuse_existing(target, force)
     out.mkdir(parents=True, exist_ok=True)
     staging = out / f".{target.name}.{uuid.uuid4().hex[:12]}.partial"
     staging.mkdir()  # honours the umask, unlike tempfile.mkdtemp
@@ -250,6 +247,7 @@ def download_checkpoint(
             sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
         )
         written = sum((staging / f).stat().st_size for f in files)
+        _refuse_existing(target, force)  # again: it may have appeared meanwhile
         if target.is_symlink() or target.is_file():
             target.unlink()
         elif target.exists():
@@ -273,6 +271,13 @@ def download_checkpoint(
         resigns=fetcher.resigns,
         elapsed_s=_clock.monotonic() - started,
     )
+
+
+def _refuse_existing(target: Path, force: bool) -> None:
+    if not force and (target.exists() or target.is_symlink()):
+        raise FileExistsError(
+            errno.EEXIST, f"{target} already exists (pass force=True to replace it)", str(target)
+        )
 
 
 def _fetch(
