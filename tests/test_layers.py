@@ -224,9 +224,7 @@ def test_every_module_has_a_layer() -> None:
 
 def test_the_top_level_holds_at_most_12_private_modules() -> None:
     """Private machinery lives in subpackages named for their concern (ARCHITECTURE.md)."""
-    private = sorted(
-        p.name for p in PACKAGE.glob("_*.py") if not (p.name.startswith("__") or p.is_dir())
-    )
+    private = sorted(p.name for p in PACKAGE.glob("_*.py") if not p.name.startswith("__"))
     assert len(private) <= 12, f"{len(private)} private modules at the top: {private}"
 
 
