@@ -35,6 +35,10 @@ what the server did through ``outcome`` (a :class:`RequestOutcome`)::
     `-- DownloadVerificationError                 the bytes fail the digest, length or tar
                                                   check (nothing is left at the target)
 
+    tinker_sync.types.ValidationError             a field value that does not fit its type
+                                                  (a ValueError and a TypeError, not a
+                                                  TinkerError: raised before anything is sent)
+
 ``APIError`` is the base of the HTTP-level errors (status, connection, validation). Every
 exception here pickles and carries no secret: messages are scrubbed and ``request`` /
 ``response`` are redacted snapshots, never live HTTP objects.
