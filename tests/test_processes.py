@@ -531,6 +531,54 @@ def test_spawned_worker_sampling_over_http_skips_modules_it_does_not_need(srv, s
     assert "tinker_sync.types._rest" not in loaded
 
 
+FIRST_SAMPLE_SCRIPT = r"""
+import json, os, pickle, sys
+from tinker_sync import types
+if sys.argv[1] == "pickle":
+    client = pickle.loads(sys.stdin.buffer.read())
+else:
+    import tinker_sync
+    service = tinker_sync.ServiceClient(base_url=sys.argv[2], api_key=os.environ["TINKER_API_KEY"])
+    client = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+response = client.sample(
+    types.ModelInput.from_ints([1, 2, 3]), 2, types.SamplingParams(max_tokens=3)
+).result(60)
+seq = response.sequences[0]
+before = {
+    "numpy": "numpy" in sys.modules,
+    "tokens": seq.tokens,
+}
+array = seq.tokens_np  # a numpy accessor imports numpy on first use
+after = {"numpy": "numpy" in sys.modules, "dtype": str(array.dtype), "list": array.tolist()}
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+@pytest.mark.parametrize("start", ["pickle", "service"])
+def test_first_sample_in_a_fresh_interpreter_imports_no_numpy(srv, service, start):
+    """A worker's first sample (from a pickled client or from a ServiceClient) imports no numpy
+    and so starts no BLAS threads; the results keep their API: ``tokens`` is a list and
+    ``tokens_np`` an int32 array, numpy imported on first use (docs/scale-out.md#start-up)."""
+    payload = pickle.dumps(service.create_sampling_client(base_model=BASE))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
+    env["TINKER_API_KEY"] = KEY
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", FIRST_SAMPLE_SCRIPT, start, srv.url],
+        input=payload if start == "pickle" else b"",
+        capture_output=True,
+        env=env,
+        timeout=HANG * 2,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+    report = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    before, after = report["before"], report["after"]
+    assert before["numpy"] is False
+    assert before["tokens"] and all(type(t) is int for t in before["tokens"])
+    assert after == {"numpy": True, "dtype": "int32", "list": before["tokens"]}
+
+
 # ------------------------------------------------------------------------------ official SDK
 
 

@@ -44,14 +44,17 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from tinker_sync import _byte_tokenizer
+from tinker_sync._lazynp import is_ndarray, is_np_integer
 from tinker_sync._runtime.redact import register_secret
 from tinker_sync.exceptions import TokenizerLoadError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "CACHE_SIZE",
@@ -189,13 +192,13 @@ def _chat_template(value: object) -> str | None:
 
 
 def _as_id_list(token_ids: Sequence[int] | np.ndarray[Any, Any] | int) -> list[int]:
-    if isinstance(token_ids, np.ndarray):
+    if is_ndarray(token_ids):
         if token_ids.ndim > 1:
             raise ValueError(f"expected a 1-D array of token ids, got shape {token_ids.shape}")
         if token_ids.dtype.kind not in "iu":
             raise TypeError(f"token ids must be integers, got dtype {token_ids.dtype}")
         return [int(i) for i in token_ids.reshape(-1).tolist()]
-    if isinstance(token_ids, (int, np.integer)):
+    if isinstance(token_ids, int) or is_np_integer(token_ids):
         return [int(token_ids)]
     return [int(i) for i in token_ids]
 
@@ -393,7 +396,7 @@ class TinkerTokenizer:
         skip_special_tokens: bool = False,
     ) -> str | list[str | None] | None:
         """Token string of each id (None for an id outside the vocabulary)."""
-        if isinstance(ids, (int, np.integer)):
+        if isinstance(ids, int) or is_np_integer(ids):
             token: str | None = self._backend.id_to_token(int(ids))
             return token
         skip = set(self.all_special_ids) if skip_special_tokens else set()

@@ -21,8 +21,6 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from tinker_sync._flow.health import StallWatch
 from tinker_sync._flow.limiter import (
     LARGE_PROMPT_BACKOFF_S,
@@ -535,11 +533,10 @@ def check_features(response: SampleResponse, alt_k: int, last_n: int | None) -> 
         )
     if last_n is None:
         return
-    values = response.prompt_logprobs_np
+    values = response.prompt_logprobs  # None where not computed (NaN in the array)
     if values is None:
         return
-    excluded = np.asarray(values, dtype=np.float64)[: max(0, len(values) - last_n)]
-    if bool((~np.isnan(excluded)).any()):
+    if any(v is not None for v in values[: max(0, len(values) - last_n)]):
         raise RuntimeError(
             f"prompt_logprobs_last_n={last_n} was requested but the server scored earlier "
             "prompt tokens too; it may predate this feature"

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import sys
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast
@@ -43,10 +44,10 @@ from typing import Any, Literal, TypeVar, cast
 import attrs
 import cattrs
 import cattrs.v
-import numpy as np
 from cattrs.gen import make_dict_structure_fn
 
 from tinker_sync import types as T
+from tinker_sync._lazynp import is_ndarray
 from tinker_sync.exceptions import RequestErrorCategory
 from tinker_sync.types._base import (
     check_bytes,
@@ -56,6 +57,9 @@ from tinker_sync.types._base import (
     tag_of,
     to_utc,
 )
+
+if typing.TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["WireValidationError", "converter", "from_json", "to_json"]
 
@@ -141,7 +145,7 @@ _INT_ONLY = {int}
 
 def _s_int_seq(value: Any, _: Any) -> Sequence[int]:
     """Token lists: validated in one pass, numpy arrays passed through."""
-    if isinstance(value, np.ndarray):
+    if is_ndarray(value):
         if value.dtype.kind not in "iu":
             raise TypeError(f"expected integer tokens, got array of dtype {value.dtype}")
         return cast(Sequence[int], value)
@@ -155,7 +159,9 @@ def _s_int_seq(value: Any, _: Any) -> Sequence[int]:
 
 
 def _is_ndarray_type(t: Any) -> bool:
-    return t is np.ndarray or typing.get_origin(t) is np.ndarray
+    np = sys.modules.get("numpy")  # no type is numpy's before numpy is imported
+    ndarray = getattr(np, "ndarray", None)
+    return ndarray is not None and (t is ndarray or typing.get_origin(t) is ndarray)
 
 
 # -- special model hooks ----------------------------------------------------------------------
@@ -173,6 +179,8 @@ def _s_tensor_data(value: Any, _: Any) -> T.TensorData:
     if dtype not in ("int64", "float32"):
         raise ValueError(f"TensorData.dtype must be 'int64' or 'float32', got {dtype!r}")
     data = obj.get("data", [])
+    import numpy as np
+
     if isinstance(data, np.ndarray):
         arr = data
     else:
@@ -215,6 +223,8 @@ def _list(value: Any, what: str) -> list[Any]:
 
 def _float_list(value: Any, what: str) -> np.ndarray[Any, Any]:
     """A JSON list of numbers (null -> NaN) as float32."""
+    import numpy as np
+
     items = _list(value, what)
     out = np.empty(len(items), dtype=np.float32)
     for i, v in enumerate(items):
@@ -256,6 +266,8 @@ def _s_sampled_sequence(value: Any, _: Any) -> T.SampledSequence:
     sequence_id = obj.get("sequence_id")
     if sequence_id is not None and type(sequence_id) is not str:
         raise TypeError(f"SampledSequence.sequence_id: expected str, got {_describe(sequence_id)}")
+    import numpy as np
+
     tokens = np.asarray(_s_int_seq(obj.get("tokens", []), None), dtype=np.int32)
     logprobs = obj.get("logprobs")
     return T.SampledSequence(

@@ -16,15 +16,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from tinker_sync._wire import _pbwire as pb
 from tinker_sync._wire._pbwire import (
-    DTYPE_NUMPY,
-    LE_F4,
-    LE_I4,
-    LE_I8,
     STOP_REASON_CODES,
     TOPK_SENTINEL_LOGPROB,
     AnyArray,
@@ -39,6 +34,9 @@ from tinker_sync.types import (
     TopkLogprobs,
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = ["forward_backward_output_from_json", "sample_response_from_json"]
 
 
@@ -50,6 +48,8 @@ def _json_list(value: Any, what: str) -> list[Any]:
 
 def _json_numbers(value: Any, dtype: np.dtype[Any], what: str) -> AnyArray:
     """A flat JSON list of numbers as an array; integer dtypes accept only ints (no 1.9 -> 1)."""
+    import numpy as np
+
     items = _json_list(value, what)
     allowed: type | tuple[type, ...] = int if dtype.kind == "i" else (int, float)
     for item in items:
@@ -73,14 +73,14 @@ def _tensor_from_json(obj: Any, what: str) -> TensorData:
     if not isinstance(obj, Mapping):
         raise TypeError(f"{what}: expected a TensorData object, got {type(obj).__name__}")
     dtype = obj.get("dtype")
-    if dtype not in DTYPE_NUMPY:
+    if dtype not in pb.DTYPE_NUMPY:
         raise ValueError(f"{what}.dtype: expected 'int64' or 'float32', got {dtype!r}")
-    data = _json_numbers(obj.get("data", []), DTYPE_NUMPY[dtype], f"{what}.data")
+    data = _json_numbers(obj.get("data", []), pb.DTYPE_NUMPY[dtype], f"{what}.data")
     shape_obj = obj.get("shape")
     shape = (
         None
         if shape_obj is None
-        else [int(s) for s in _json_numbers(shape_obj, LE_I8, f"{what}.shape")]
+        else [int(s) for s in _json_numbers(shape_obj, pb.LE_I8, f"{what}.shape")]
     )
     crow_obj = obj.get("sparse_crow_indices")
     col_obj = obj.get("sparse_col_indices")
@@ -91,8 +91,8 @@ def _tensor_from_json(obj: Any, what: str) -> TensorData:
             data,
             dtype,
             shape,
-            _json_numbers(crow_obj, LE_I8, f"{what}.sparse_crow_indices"),
-            _json_numbers(col_obj, LE_I8, f"{what}.sparse_col_indices"),
+            _json_numbers(crow_obj, pb.LE_I8, f"{what}.sparse_crow_indices"),
+            _json_numbers(col_obj, pb.LE_I8, f"{what}.sparse_col_indices"),
         )
     if shape is not None and math.prod(shape) != data.size:
         raise ValueError(f"{what}: {data.size} values do not fit shape {shape}")
@@ -100,7 +100,6 @@ def _tensor_from_json(obj: Any, what: str) -> TensorData:
 
 
 def _topk_from_json(value: Any, what: str) -> TopkLogprobs | None:
-
     if value is None:
         return None
     rows = _json_list(value, what)
@@ -109,6 +108,8 @@ def _topk_from_json(value: Any, what: str) -> TopkLogprobs | None:
         if row is not None:
             width = max(width, len(_json_list(row, what)))
     k = max(width, 1) if rows else 0
+    import numpy as np
+
     ids = np.zeros((len(rows), k), dtype=np.int32)
     lps = np.full((len(rows), k), TOPK_SENTINEL_LOGPROB, dtype=np.float32)
     for i, row in enumerate(rows):
@@ -144,6 +145,8 @@ def sample_response_from_json(
     :raises ValueError | TypeError: a missing or ill-typed field, an unknown stop reason, or a
         sequence-id count mismatch.
     """
+    import numpy as np
+
     if not isinstance(obj, Mapping):
         raise TypeError(f"SampleResponse: expected an object, got {type(obj).__name__}")
     raw_sequences = _json_list(obj.get("sequences"), "sequences")
@@ -165,7 +168,7 @@ def sample_response_from_json(
             SampledSequence(
                 stop_reason=stop_reason,
                 sequence_id=None if sequence_ids is None else sequence_ids[index],
-                tokens_np=_json_numbers(raw.get("tokens"), LE_I4, f"{what}.tokens").astype(
+                tokens_np=_json_numbers(raw.get("tokens"), pb.LE_I4, f"{what}.tokens").astype(
                     np.int32
                 ),
                 logprobs_np=(
@@ -173,7 +176,7 @@ def sample_response_from_json(
                     if logprobs is None
                     else _json_numbers(
                         [math.nan if v is None else v for v in _json_list(logprobs, what)],
-                        LE_F4,
+                        pb.LE_F4,
                         f"{what}.logprobs",
                     ).astype(np.float32)
                 ),
@@ -185,7 +188,7 @@ def sample_response_from_json(
     if prompt_logprobs is not None:
         prompt_np = _json_numbers(
             [math.nan if v is None else v for v in _json_list(prompt_logprobs, "prompt_logprobs")],
-            LE_F4,
+            pb.LE_F4,
             "prompt_logprobs",
         ).astype(np.float32)
     target = obj.get("target_prompt_logprobs")

@@ -8,7 +8,9 @@ Usage::
         ...                                        # varint value in ``a``; else ``buf[a:b]``
 
 All arrays travel little-endian (see ``docs/design/protocol.md#protobuf-schema``). Readers raise
-:class:`ValueError` (never another error) for malformed input.
+:class:`ValueError` (never another error) for malformed input. Importing this module imports no
+numpy: the numpy dtype tables (``LE_I4`` ... ``WIRE_DTYPES``) are built on first access, and
+:func:`int32s_at` / :func:`float32s_at` read 1-D results without numpy (docs/scale-out.md#start-up).
 
 Thread and fork safety: pure functions; the only state is a bounded cache of encoded shapes,
 which is only ever added to.
@@ -16,14 +18,17 @@ which is only ever added to.
 
 from __future__ import annotations
 
+import array
 import struct
+import sys
 from collections.abc import Sequence
-from typing import Any, TypeAlias, cast
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from tinker_sync.types import TensorData
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 Buffer: TypeAlias = "bytes | bytearray | memoryview"
 Part: TypeAlias = "bytes | memoryview | npt.NDArray[Any]"
@@ -43,20 +48,53 @@ STOP_REASON_CODES = {"stop": 0, "length": 1}
 #: Empty top-k slot: token 0 with this logprob.
 TOPK_SENTINEL_LOGPROB = -99999.0
 
-LE_I4 = np.dtype("<i4")
-LE_I8 = np.dtype("<i8")
-LE_F4 = np.dtype("<f4")
-LE_U2 = np.dtype("<u2")
-
 DTYPE_CODES: dict[str, int] = {"float32": DTYPE_FLOAT32, "int64": DTYPE_INT64}
-DTYPE_NUMPY: dict[str, np.dtype[Any]] = {"float32": LE_F4, "int64": LE_I8}
-#: wire dtype -> (numpy dtype of the bytes, public TensorData dtype)
-WIRE_DTYPES: dict[int, tuple[np.dtype[Any], str]] = {
-    DTYPE_FLOAT32: (LE_F4, "float32"),
-    DTYPE_INT64: (LE_I8, "int64"),
-    DTYPE_INT32: (LE_I4, "int64"),
-    DTYPE_BFLOAT16: (LE_U2, "float32"),
-}
+
+if TYPE_CHECKING:  # built by numpy_tables() on first access (module __getattr__)
+    LE_I4: np.dtype[Any]
+    LE_I8: np.dtype[Any]
+    LE_F4: np.dtype[Any]
+    LE_U2: np.dtype[Any]
+    DTYPE_NUMPY: dict[str, np.dtype[Any]]
+    #: wire dtype -> (numpy dtype of the bytes, public TensorData dtype)
+    WIRE_DTYPES: dict[int, tuple[np.dtype[Any], str]]
+
+_NUMPY_TABLES = frozenset({"LE_I4", "LE_I8", "LE_F4", "LE_U2", "DTYPE_NUMPY", "WIRE_DTYPES"})
+
+
+def numpy_tables() -> None:
+    """Build the numpy dtype tables (importing numpy) into this module's globals, once."""
+    if "WIRE_DTYPES" in globals():
+        return
+    import numpy as np
+
+    le_i4, le_i8, le_f4, le_u2 = (np.dtype(c) for c in ("<i4", "<i8", "<f4", "<u2"))
+    tables = {
+        "LE_I4": le_i4,
+        "LE_I8": le_i8,
+        "LE_F4": le_f4,
+        "LE_U2": le_u2,
+        "DTYPE_NUMPY": {"float32": le_f4, "int64": le_i8},
+        "WIRE_DTYPES": {
+            DTYPE_FLOAT32: (le_f4, "float32"),
+            DTYPE_INT64: (le_i8, "int64"),
+            DTYPE_INT32: (le_i4, "int64"),
+            DTYPE_BFLOAT16: (le_u2, "float32"),
+        },
+    }
+    globals().update(tables)  # one atomic update: WIRE_DTYPES present means all are
+
+
+def _table(name: str) -> Any:
+    numpy_tables()
+    return globals()[name]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NUMPY_TABLES:
+        return _table(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 MASK64 = (1 << 64) - 1
 INT32_MIN = -(1 << 31)
@@ -134,6 +172,8 @@ def flat_le(arr: AnyArray, dtype: np.dtype[Any]) -> AnyArray:
     if arr.dtype != dtype:
         arr = arr.astype(dtype)
     if arr.ndim != 1 or not arr.flags.c_contiguous:
+        import numpy as np
+
         arr = np.ascontiguousarray(arr).reshape(-1)
     return arr
 
@@ -314,6 +354,8 @@ def array_at(
     buf: Buffer, span: tuple[int, int], dtype: np.dtype[Any], what: str, copy: bool
 ) -> AnyArray:
     """The bytes ``buf[a:b]`` as a flat array: a writable copy, or a read-only view."""
+    import numpy as np
+
     a, b = span
     n = b - a
     itemsize = dtype.itemsize
@@ -332,14 +374,44 @@ def array_at(
 def widen(arr: AnyArray, code: int) -> AnyArray:
     """bf16 bits -> float32 by shift (NaNs quieted, as a numeric cast does); int32 -> int64."""
     if code == DTYPE_BFLOAT16:
+        import numpy as np
+
         bits = arr.astype(np.uint32) << 16
         nan = ((bits & 0x7F800000) == 0x7F800000) & ((bits & 0x007FFFFF) != 0)
         if nan.any():
             bits[nan] |= 0x00400000  # the official client's cast quiets signalling NaNs
         return cast(AnyArray, bits.view(np.float32))
     if code == DTYPE_INT32:
-        return arr.astype(np.int64)
+        return arr.astype("int64")
     return arr
+
+
+# array.array typecodes of 4-byte ints and floats ("i" is 4 bytes on every supported platform)
+_I4_CODE = "i" if array.array("i").itemsize == 4 else None
+
+
+def _array32(buf: Buffer, span: tuple[int, int], typecode: str, what: str) -> array.array[Any]:
+    a, b = span
+    n = b - a
+    if n % 4:
+        raise ValueError(f"{what}: {n} bytes is not a multiple of 4")
+    out = array.array(typecode)
+    out.frombytes(memoryview(buf)[a:b])
+    if sys.byteorder == "big":
+        out.byteswap()
+    return out
+
+
+def int32s_at(buf: Buffer, span: tuple[int, int], what: str) -> array.array[int] | AnyArray:
+    """The little-endian int32 values ``buf[a:b]`` as an ``array.array`` (no numpy)."""
+    if _I4_CODE is None:  # pragma: no cover - no 4-byte C int on this platform
+        return array_at(buf, span, _table("LE_I4"), what, True)
+    return _array32(buf, span, _I4_CODE, what)
+
+
+def float32s_at(buf: Buffer, span: tuple[int, int], what: str) -> array.array[float]:
+    """The little-endian float32 values ``buf[a:b]`` as an ``array.array`` (no numpy)."""
+    return _array32(buf, span, "f", what)
 
 
 # ----------------------------------------------------------------------------- types glue
@@ -385,7 +457,7 @@ def read_tensor(
             code = as_int32(a)
         elif number == 4:
             repeated_int64(buf, field, shape)
-    wire_dtype = WIRE_DTYPES.get(code)
+    wire_dtype = _table("WIRE_DTYPES").get(code)
     if wire_dtype is None:
         raise ValueError(f"{what}: unsupported proto dtype {code}")
     np_dtype = wire_dtype[0]
@@ -409,6 +481,6 @@ def read_tensor(
         code,
         widen(array_at(cbuf, vals, np_dtype, what, True), code),
         shape,
-        array_at(cbuf, crow, LE_I8, f"{what} crow_indices", True),
-        array_at(cbuf, col, LE_I8, f"{what} col_indices", True),
+        array_at(cbuf, crow, _table("LE_I8"), f"{what} crow_indices", True),
+        array_at(cbuf, col, _table("LE_I8"), f"{what} col_indices", True),
     )

@@ -13,7 +13,9 @@ The bytes are written and read by a small hand-written protobuf codec (primitive
 ``_pbwire``) working directly on numpy buffers: a request body is one ``bytes.join`` over
 little-endian array views (each array is copied once, into the body), and a result's arrays are
 cut out of the reply with ``numpy.frombuffer`` (one copy per datum's array, each its own
-allocation, as in the official SDK). The field numbers are those of ``tinker_public.proto`` (checked in next to
+allocation, as in the official SDK). A sampled sequence's tokens and logprobs and the prompt
+logprobs are read into ``array.array`` instead, so sampling imports no numpy until the caller
+reads an ``*_np`` field (docs/scale-out.md#start-up). The field numbers are those of ``tinker_public.proto`` (checked in next to
 this module, together with its generated module, which the codec itself does not need); the
 tests parse every encoding with that descriptor and with the official SDK's one. The local
 server's side of the same messages lives in ``tinker_sync.local._protocodec``; the JSON forms of
@@ -32,21 +34,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-import numpy as np
-
+from tinker_sync._wire import _pbwire as pb
 from tinker_sync._wire._pbwire import (
     DTYPE_CODES,
-    DTYPE_NUMPY,
     DTYPE_UNSPECIFIED,
     INT32_MAX,
     INT32_MIN,
-    LE_F4,
-    LE_I4,
-    LE_I8,
     NO_SPAN,
     SMALL_VARINTS,
     STOP_REASONS,
-    WIRE_DTYPES,
     AnyArray,
     Buffer,
     Part,
@@ -56,6 +52,8 @@ from tinker_sync._wire._pbwire import (
     as_int64,
     fields,
     flat_le,
+    float32s_at,
+    int32s_at,
     ld_field,
     pack_double,
     packed_int64,
@@ -94,8 +92,8 @@ __all__ = [
 
 def _tokens_le(tokens: AnyArray, where: str) -> AnyArray:
     """Token ids as little-endian int32, refusing values that do not fit."""
-    if tokens.dtype == LE_I4:
-        return flat_le(tokens, LE_I4)
+    if tokens.dtype == pb.LE_I4:
+        return flat_le(tokens, pb.LE_I4)
     if tokens.dtype.kind not in "iu":
         raise ValueError(f"{where}: token ids must be integers, got dtype {tokens.dtype}")
     if tokens.size and tokens.dtype.itemsize >= 4:
@@ -103,7 +101,7 @@ def _tokens_le(tokens: AnyArray, where: str) -> AnyArray:
         high = int(tokens.max())
         if low < INT32_MIN or high > INT32_MAX:
             raise ValueError(f"{where}: token ids must fit in int32, got range [{low}, {high}]")
-    return flat_le(tokens, LE_I4)
+    return flat_le(tokens, pb.LE_I4)
 
 
 # ----------------------------------------------------------------------------- request encoder
@@ -114,15 +112,15 @@ def _tensor_parts(tensor: TensorData, where: str) -> tuple[list[Part], int]:
     code = DTYPE_CODES.get(tensor.dtype)
     if code is None:
         raise ValueError(f"{where}: unsupported TensorData dtype {tensor.dtype!r}")
-    values = flat_le(tensor.data_np, DTYPE_NUMPY[tensor.dtype])
+    values = flat_le(tensor.data_np, pb.DTYPE_NUMPY[tensor.dtype])
     crow = tensor.crow_np
     parts: list[Part]
     if crow is not None:
         col = tensor.col_np
         if col is None:
             raise ValueError(f"{where}: sparse_col_indices required with sparse_crow_indices")
-        crow = flat_le(crow, LE_I8)
-        col = flat_le(col, LE_I8)
+        crow = flat_le(crow, pb.LE_I8)
+        col = flat_le(col, pb.LE_I8)
         parts = []
         csr_size = 0
         for tag, arr in ((0x0A, values), (0x12, crow), (0x1A, col)):
@@ -167,8 +165,10 @@ def _datum_parts(index: int, datum: Datum, out: list[Part]) -> None:
             tokens = chunk.tokens
             if type(tokens) is list:
                 # One conversion straight to int32 (numpy refuses out-of-range ints).
+                import numpy as np
+
                 try:
-                    arr = np.array(tokens, dtype=LE_I4)
+                    arr = np.array(tokens, dtype=pb.LE_I4)
                 except OverflowError as exc:
                     raise ValueError(f"data[{index}]: token ids must fit in int32") from exc
             else:
@@ -327,12 +327,12 @@ def _decode_batched(
             code = as_int32(a)
         elif number == 4:
             repeated_int64(buf, field, trailing)
-    wire_dtype = WIRE_DTYPES.get(code)
+    wire_dtype = pb.WIRE_DTYPES.get(code)
     if wire_dtype is None:
         raise ValueError(f"field {name!r}: unsupported proto dtype {code}")
     np_dtype, public = wire_dtype
     values = widen(array_at(buf, data, np_dtype, f"field {name!r} data", False), code)
-    bounds = array_at(buf, offsets, LE_I8, f"field {name!r} offsets", False).tolist()
+    bounds = array_at(buf, offsets, pb.LE_I8, f"field {name!r} offsets", False).tolist()
     itemsize = np_dtype.itemsize
     total = data[1] - data[0]
     per_datum: list[AnyArray] = []
@@ -468,15 +468,15 @@ def _decode_topk(buf: Buffer, start: int, end: int, what: str) -> TopkLogprobs |
         raise ValueError(f"{what}: {length}x{k} top-k matrices need {need} bytes each")
     ids = (ids[0], ids[0] + need)
     lps = (lps[0], lps[0] + need)
-    token_ids = array_at(buf, ids, LE_I4, what, True).reshape(length, k)
-    logprobs = array_at(buf, lps, LE_F4, what, True).reshape(length, k)
+    token_ids = array_at(buf, ids, pb.LE_I4, what, True).reshape(length, k)
+    logprobs = array_at(buf, lps, pb.LE_F4, what, True).reshape(length, k)
     return TopkLogprobs(token_ids=token_ids, logprobs=logprobs)
 
 
 def _decode_tensor(buf: Buffer, start: int, end: int, what: str) -> TensorData:
     """A ``Tensor`` message as TensorData (CSR stays CSR; arrays copied)."""
     code, values, shape, crow, col = read_tensor(buf, start, end, what)
-    public = WIRE_DTYPES[code][1]
+    public = pb.WIRE_DTYPES[code][1]
     if crow is not None and col is not None:
         return tensor_data(values, public, shape, crow, col)
     return tensor_data(values, public, shape or None)
@@ -505,10 +505,8 @@ def _decode_sequence(buf: Buffer, start: int, end: int, sequence_id: str | None)
     return SampledSequence(
         stop_reason=stop_reason,  # type: ignore[arg-type]
         sequence_id=sequence_id,
-        tokens_np=array_at(buf, tokens, LE_I4, "tokens", True),
-        logprobs_np=(
-            array_at(buf, logprobs, LE_F4, "logprobs", True) if logprobs[1] > logprobs[0] else None
-        ),
+        tokens_np=int32s_at(buf, tokens, "tokens"),
+        logprobs_np=(float32s_at(buf, logprobs, "logprobs") if logprobs[1] > logprobs[0] else None),
         topk_logprobs_np=(
             None if topk is None else _decode_topk(*topk.get(buf), "topk_sampled_logprobs")
         ),
@@ -577,7 +575,7 @@ def decode_sample_response(payload: Buffer, sequence_ids: Sequence[str] | None) 
     return SampleResponse(
         sequences=sequences,
         prompt_logprobs_np=(
-            array_at(buf, prompt_lp, LE_F4, "prompt_logprobs", True)
+            float32s_at(buf, prompt_lp, "prompt_logprobs")
             if (prompt_lp[1] - prompt_lp[0])
             else None
         ),

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeVar, Union
 
 import attrs
-import numpy as np
 
+from tinker_sync._lazynp import is_ndarray, np_isinstance
 from tinker_sync.types._coerce import (
     Invalid,
     ValidationError,
@@ -344,9 +344,9 @@ def dump(value: Any, json: bool, drop_none: bool, wire: bool) -> Any:
             for k, v in value.items()
             if not (drop_none and v is None)
         }
-    if isinstance(value, np.ndarray):
+    if is_ndarray(value):
         return value.tolist()
-    if isinstance(value, np.generic):
+    if np_isinstance(value, "generic"):
         return value.item()
     if isinstance(value, enum.Enum):
         return value.value if json else value

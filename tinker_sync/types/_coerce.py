@@ -32,7 +32,7 @@ import pickle
 import re
 from typing import Any
 
-import numpy as np
+from tinker_sync._lazynp import is_ndarray, np_isinstance
 
 __all__ = [
     "Invalid",
@@ -181,7 +181,7 @@ _I64_BOUND = 2.0**63
 
 def _is_array(value: Any) -> bool:
     """A numpy array with at least one dimension (pydantic rejects those as scalars)."""
-    return isinstance(value, np.ndarray) and value.ndim > 0
+    return is_ndarray(value) and value.ndim > 0
 
 
 def _decode(value: bytes) -> str:
@@ -215,7 +215,7 @@ def _as_number(value: Any) -> int | float | None:
     for anything else (an array, a bytearray, a complex)."""
     if isinstance(value, (bytearray, complex)) or _is_array(value):
         return None
-    if isinstance(value, np.bool_):  # numpy < 2 warns when one is used as an index
+    if np_isinstance(value, "bool_"):  # numpy < 2 warns when one is used as an index
         return int(value)
     try:
         return operator.index(value)

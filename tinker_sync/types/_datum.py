@@ -9,8 +9,7 @@ import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
-import numpy as np
-
+from tinker_sync._lazynp import is_ndarray
 from tinker_sync.types._base import _MISSING, TinkerDataclass, TinkerRequest, from_official
 from tinker_sync.types._input import ImageAssetPointerChunk, ModelInput
 from tinker_sync.types._tensor import TensorData, TensorDtype
@@ -107,7 +106,7 @@ def coerce_loss_fn_input(key: str, value: Any) -> TensorData:
     """
     if isinstance(value, TensorData):
         return value
-    if isinstance(value, np.ndarray):
+    if is_ndarray(value):
         try:
             return TensorData.from_numpy(value)
         except ValueError as exc:
@@ -126,6 +125,8 @@ def coerce_loss_fn_input(key: str, value: Any) -> TensorData:
                 f"loss_fn_inputs[{key!r}]: a plain list needs a known key to pick its dtype "
                 f"({sorted(LOSS_FN_INPUT_DTYPES)}); pass a numpy array or TensorData instead"
             )
+        import numpy as np
+
         try:
             arr = np.asarray(value)
         except ValueError:

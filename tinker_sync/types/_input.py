@@ -4,14 +4,17 @@ Thread safety: every type here is immutable and safe to share. Fork safety: plai
 """
 
 from collections.abc import Sequence
-from typing import Any, Literal, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
 import attrs
-import numpy as np
-import numpy.typing as npt
 
+from tinker_sync._lazynp import is_ndarray
 from tinker_sync.types._base import TinkerRequest, checked
 from tinker_sync.types._coerce import Invalid, to_int
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "DmelChunk",
@@ -34,7 +37,7 @@ def _tokens(value: Any) -> Sequence[int]:
     A read-only numpy integer array is kept as is (nobody can change it); a writable one is
     copied into a read-only array.
     """
-    if isinstance(value, np.ndarray):
+    if is_ndarray(value):
         if value.dtype.kind not in "iu":
             raise TypeError(
                 f"EncodedTextChunk.tokens: expected an integer array, got dtype {value.dtype}"
@@ -62,7 +65,9 @@ def _tokens(value: Any) -> Sequence[int]:
 
 
 def _tokens_eq(a: Sequence[int], b: Sequence[int]) -> bool:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+    if is_ndarray(a) or is_ndarray(b):
+        import numpy as np
+
         return bool(np.array_equal(np.asarray(a), np.asarray(b)))
     return list(a) == list(b)
 
@@ -86,8 +91,10 @@ class EncodedTextChunk(TinkerRequest):
         return len(self.tokens)
 
     @property
-    def tokens_np(self) -> npt.NDArray[np.int32] | npt.NDArray[np.int64]:
+    def tokens_np(self) -> "npt.NDArray[np.int32] | npt.NDArray[np.int64]":
         """The tokens as an int32 or int64 numpy array (no copy when given one)."""
+        import numpy as np
+
         t = self.tokens
         if isinstance(t, np.ndarray) and t.dtype in (np.int32, np.int64):
             if t.flags.writeable:
@@ -214,7 +221,7 @@ class ModelInput(TinkerRequest):
     chunks: list[ModelInputChunk]
 
     @classmethod
-    def from_ints(cls, tokens: Sequence[int] | npt.NDArray[np.integer[Any]]) -> "ModelInput":
+    def from_ints(cls, tokens: "Sequence[int] | npt.NDArray[np.integer[Any]]") -> "ModelInput":
         """One text chunk from an int sequence or a 1-D integer numpy array (copied)."""
         return cls(chunks=[EncodedTextChunk(tokens=tokens)])
 
@@ -228,7 +235,7 @@ class ModelInput(TinkerRequest):
                     f"{[type(c).__name__ for c in self.chunks]}"
                 )
             t = chunk.tokens
-            out.extend(t.tolist() if isinstance(t, np.ndarray) else t)
+            out.extend(t.tolist() if is_ndarray(t) else t)
         return out
 
     @property

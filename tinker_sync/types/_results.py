@@ -3,16 +3,17 @@
 Thread safety: every type here is immutable and safe to share. Fork safety: plain data.
 """
 
+import array
 import dataclasses
+import math
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any, ClassVar, Literal
 from urllib.parse import quote
 
 import attrs
-import numpy as np
-import numpy.typing as npt
 
+from tinker_sync._lazynp import AnyArray, is_ndarray, np_isinstance
 from tinker_sync.types._base import TinkerDataclass, TinkerModel, check_for, checked, dump
 from tinker_sync.types._params import AdamOptimizerConfig, OptimizerConfig, StopReason
 from tinker_sync.types._tensor import TensorData
@@ -50,6 +51,12 @@ TopkRows = list[list[tuple[int, float]] | None]
 def _array_eq(a: Any, b: Any) -> bool:
     if a is None or b is None:
         return a is b
+    if not (is_ndarray(a) or is_ndarray(b)):  # decoded 1-D arrays (array.array): no numpy
+        return len(a) == len(b) and all(
+            x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True)
+        )
+    import numpy as np
+
     a_arr = np.asarray(a)
     b_arr = np.asarray(b)
     if a_arr.shape != b_arr.shape:
@@ -73,7 +80,9 @@ def _tensor_eq(a: Any, b: Any) -> bool:
     return a is b
 
 
-def _int_array(value: Any, path: str, ndim: int, dtype: Any = np.int32) -> npt.NDArray[Any]:
+def _int_array(value: Any, path: str, ndim: int, dtype: Any = "int32") -> AnyArray:
+    import numpy as np
+
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "iu":
             raise TypeError(f"{path}: expected an integer array, got dtype {value.dtype}")
@@ -90,7 +99,9 @@ def _int_array(value: Any, path: str, ndim: int, dtype: Any = np.int32) -> npt.N
     return arr
 
 
-def _float_array(value: Any, path: str, ndim: int) -> npt.NDArray[Any]:
+def _float_array(value: Any, path: str, ndim: int) -> AnyArray:
+    import numpy as np
+
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "fiu":
             raise TypeError(f"{path}: expected a float array, got dtype {value.dtype}")
@@ -112,7 +123,7 @@ def _float_array(value: Any, path: str, ndim: int) -> npt.NDArray[Any]:
     return arr
 
 
-def topk_to_lists(token_ids: npt.NDArray[Any], logprobs: npt.NDArray[Any]) -> TopkRows:
+def topk_to_lists(token_ids: AnyArray, logprobs: AnyArray) -> TopkRows:
     """Convert ``(length, k)`` matrices to rows of ``(token_id, logprob)`` tuples.
 
     A row whose first slot is the sentinel (token 0, logprob -99999.0) becomes None; trailing
@@ -148,19 +159,21 @@ def _pairs_of(row: Any, path: str) -> list[tuple[int, float]]:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise ValueError(f"{path}[{j}]: expected a (token_id, logprob) pair, got {pair!r}")
         tok, lp = pair
-        if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)):
+        if isinstance(tok, bool) or not (isinstance(tok, int) or np_isinstance(tok, "integer")):
             raise TypeError(f"{path}[{j}][0]: expected int token id, got {tok!r}")
-        if isinstance(lp, bool) or not isinstance(lp, (int, float, np.number)):
+        if isinstance(lp, bool) or not (
+            isinstance(lp, (int, float)) or np_isinstance(lp, "number")
+        ):
             raise TypeError(f"{path}[{j}][1]: expected float logprob, got {lp!r}")
         out.append((int(tok), float(lp)))
     return out
 
 
-def _topk_ids(value: Any) -> npt.NDArray[Any]:
+def _topk_ids(value: Any) -> AnyArray:
     return _int_array(value, "TopkLogprobs.token_ids", 2)
 
 
-def _topk_lps(value: Any) -> npt.NDArray[Any]:
+def _topk_lps(value: Any) -> AnyArray:
     return _float_array(value, "TopkLogprobs.logprobs", 2)
 
 
@@ -171,12 +184,12 @@ class TopkLogprobs(TinkerModel):
     Empty slots hold the sentinel (token 0, logprob -99999.0).
     """
 
-    token_ids: npt.NDArray[Any] = attrs.field(
+    token_ids: AnyArray = attrs.field(
         converter=_topk_ids,
         eq=attrs.cmp_using(eq=_array_eq, require_same_type=False),
         repr=False,
     )
-    logprobs: npt.NDArray[Any] = attrs.field(
+    logprobs: AnyArray = attrs.field(
         converter=_topk_lps,
         eq=attrs.cmp_using(eq=_array_eq, require_same_type=False),
         repr=False,
@@ -192,6 +205,8 @@ class TopkLogprobs(TinkerModel):
     @classmethod
     def from_lists(cls, rows: Sequence[Sequence[Any] | None]) -> "TopkLogprobs":
         """Build the matrices from rows of ``(token_id, logprob)`` pairs (None = empty row)."""
+        import numpy as np
+
         parsed = [None if r is None else _pairs_of(r, f"topk[{i}]") for i, r in enumerate(rows)]
         k = max((len(r) for r in parsed if r is not None), default=0)
         ids = np.full((len(parsed), k), TOPK_SENTINEL_TOKEN, dtype=np.int32)
@@ -233,16 +248,59 @@ def _topk_arg(value: Any, path: str) -> TopkLogprobs | None:
     raise TypeError(f"{path}: expected TopkLogprobs or a list of rows, got {type(value).__name__}")
 
 
-def _opt_tokens(value: Any) -> npt.NDArray[Any] | None:
+def _opt_tokens(value: Any) -> AnyArray | None:
     return None if value is None else _int_array(value, "SampledSequence.tokens_np", 1)
 
 
-def _opt_logprobs(value: Any) -> npt.NDArray[Any] | None:
+def _opt_logprobs(value: Any) -> AnyArray | None:
     return None if value is None else _float_array(value, "SampledSequence.logprobs_np", 1)
 
 
-def _opt_prompt_logprobs(value: Any) -> npt.NDArray[Any] | None:
+def _opt_prompt_logprobs(value: Any) -> AnyArray | None:
     return None if value is None else _float_array(value, "SampleResponse.prompt_logprobs_np", 1)
+
+
+# A decoded result keeps its 1-D arrays as ``array.array`` (int32 "i", float32 "f") and builds
+# the numpy field on first access, so sampling imports no numpy unless the caller reads an
+# ``*_np`` field (docs/scale-out.md#start-up).
+_RAW_DTYPES = {"i": "int32", "f": "float32"} if array.array("i").itemsize == 4 else {"f": "float32"}
+
+
+def _set_array(obj: Any, name: str, value: Any, convert: Any, typecode: str) -> None:
+    """Store field ``name``: a decoded ``array.array`` of ``typecode`` as is (its numpy
+    array is built on first access), anything else through ``convert``."""
+    if type(value) is array.array and value.typecode == typecode and typecode in _RAW_DTYPES:
+        obj.__dict__["_raw_" + name] = value
+    else:
+        obj.__dict__[name] = convert(value)
+
+
+def _stored(obj: Any, name: str) -> Any:
+    """Field ``name`` as stored: the numpy array (or None), else the decoded ``array.array``."""
+    d = obj.__dict__
+    return d[name] if name in d else d.get("_raw_" + name)
+
+
+class _LazyArray:
+    """A numpy field of a decoded result, built from its ``array.array`` on first access.
+
+    A non-data descriptor: once built (or when the constructor stored an array), the value in the
+    instance's ``__dict__`` is read directly. Concurrent first reads all get the same array.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return None  # the dataclass default
+        raw = obj.__dict__.get("_raw_" + self.name)
+        if raw is None:
+            return None
+        import numpy as np
+
+        arr = np.array(raw, dtype=_RAW_DTYPES[raw.typecode])
+        return obj.__dict__.setdefault(self.name, arr)
 
 
 _set = object.__setattr__
@@ -260,7 +318,10 @@ def _eq_fields(a: Any, b: Any, names: Sequence[str], arrays: frozenset[str]) -> 
     if type(a) is not type(b):
         return NotImplemented  # type: ignore[no-any-return]
     for name in names:
-        x, y = getattr(a, name), getattr(b, name)
+        if name in arrays:
+            x, y = _stored(a, name), _stored(b, name)
+        else:
+            x, y = getattr(a, name), getattr(b, name)
         if name in arrays:
             same = _tensor_eq(x, y) if isinstance(x, TensorData) else _array_eq(x, y)
             if not same:
@@ -286,8 +347,8 @@ class SampledSequence(TinkerDataclass):
 
     stop_reason: StopReason
     sequence_id: str | None
-    tokens_np: npt.NDArray[Any] | None = None
-    logprobs_np: npt.NDArray[Any] | None = None
+    tokens_np: AnyArray | None = None
+    logprobs_np: AnyArray | None = None
     topk_logprobs_np: TopkLogprobs | None = None
 
     _tinker_extra_init: ClassVar[frozenset[str]] = frozenset(
@@ -322,8 +383,8 @@ class SampledSequence(TinkerDataclass):
             topk_logprobs_np = _topk_arg(topk_logprobs, "SampledSequence.topk_logprobs")
         _set(self, "stop_reason", _check_stop_reason(stop_reason, "SampledSequence.stop_reason"))
         _set(self, "sequence_id", _check_opt_str(sequence_id, "SampledSequence.sequence_id"))
-        _set(self, "tokens_np", _opt_tokens(tokens_np))
-        _set(self, "logprobs_np", _opt_logprobs(logprobs_np))
+        _set_array(self, "tokens_np", tokens_np, _opt_tokens, "i")
+        _set_array(self, "logprobs_np", logprobs_np, _opt_logprobs, "f")
         _set(
             self,
             "topk_logprobs_np",
@@ -343,17 +404,19 @@ class SampledSequence(TinkerDataclass):
     @cached_property
     def tokens(self) -> list[int]:
         """Generated token ids as a list (converted once)."""
-        if self.tokens_np is None:
+        stored = _stored(self, "tokens_np")
+        if stored is None:
             return []
-        out: list[int] = self.tokens_np.tolist()
+        out: list[int] = stored.tolist()
         return out
 
     @cached_property
     def logprobs(self) -> list[float] | None:
         """Per-token logprobs as a list, or None when not requested."""
-        if self.logprobs_np is None:
+        stored = _stored(self, "logprobs_np")
+        if stored is None:
             return None
-        out: list[float] = self.logprobs_np.tolist()
+        out: list[float] = stored.tolist()
         return out
 
     @cached_property
@@ -364,11 +427,12 @@ class SampledSequence(TinkerDataclass):
         return self.topk_logprobs_np.to_lists()
 
     def _tinker_dump(self, json: bool, drop_none: bool, wire: bool) -> dict[str, Any]:
+        tokens, logprobs = _stored(self, "tokens_np"), _stored(self, "logprobs_np")
         out: dict[str, Any] = {
             "stop_reason": self.stop_reason,
             "sequence_id": self.sequence_id,
-            "tokens": self.tokens_np.tolist() if self.tokens_np is not None else [],
-            "logprobs": None if self.logprobs_np is None else self.logprobs_np.tolist(),
+            "tokens": [] if tokens is None else tokens.tolist(),
+            "logprobs": None if logprobs is None else logprobs.tolist(),
             "topk_logprobs": _topk_rows_dump(self.topk_logprobs_np, json),
         }
         if drop_none:
@@ -378,6 +442,8 @@ class SampledSequence(TinkerDataclass):
 
 _SEQ_FIELDS = ("stop_reason", "sequence_id", "tokens_np", "logprobs_np", "topk_logprobs_np")
 _SEQ_ARRAYS = frozenset({"tokens_np", "logprobs_np"})
+setattr(SampledSequence, "tokens_np", _LazyArray("tokens_np"))  # noqa: B010
+setattr(SampledSequence, "logprobs_np", _LazyArray("logprobs_np"))  # noqa: B010
 
 
 def _one_of(name: str, public: Any, private: Any) -> Any:
@@ -420,7 +486,7 @@ class SampleResponse(TinkerDataclass):
     """
 
     sequences: list[SampledSequence]
-    prompt_logprobs_np: npt.NDArray[Any] | None = None
+    prompt_logprobs_np: AnyArray | None = None
     topk_prompt_logprobs_np: TopkLogprobs | None = None
     target_prompt_logprobs: TensorData | None = None
     prompt_cache_hit_tokens: int = 0
@@ -455,7 +521,7 @@ class SampleResponse(TinkerDataclass):
                 topk_prompt_logprobs, "SampleResponse.topk_prompt_logprobs"
             )
         _set(self, "sequences", _check_sequences(sequences, "SampleResponse.sequences"))
-        _set(self, "prompt_logprobs_np", _opt_prompt_logprobs(prompt_logprobs_np))
+        _set_array(self, "prompt_logprobs_np", prompt_logprobs_np, _opt_prompt_logprobs, "f")
         _set(
             self,
             "topk_prompt_logprobs_np",
@@ -493,13 +559,11 @@ class SampleResponse(TinkerDataclass):
     @cached_property
     def prompt_logprobs(self) -> list[float | None] | None:
         """Prompt logprobs as a list (None where not computed), or None when not requested."""
-        arr = self.prompt_logprobs_np
-        if arr is None:
+        stored = _stored(self, "prompt_logprobs_np")
+        if stored is None:
             return None
-        out: list[float | None] = arr.tolist()
-        for i in np.flatnonzero(np.isnan(arr)).tolist():
-            out[i] = None
-        return out
+        values: list[float] = stored.tolist()
+        return [None if math.isnan(v) else v for v in values]
 
     @cached_property
     def topk_prompt_logprobs(self) -> TopkRows | None:
@@ -533,6 +597,7 @@ _RESP_FIELDS = (
     "prompt_alt_tokens",
 )
 _RESP_ARRAYS = frozenset({"prompt_logprobs_np", "target_prompt_logprobs"})
+setattr(SampleResponse, "prompt_logprobs_np", _LazyArray("prompt_logprobs_np"))  # noqa: B010
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,35 +5,35 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
-import numpy as np
-import numpy.typing as npt
-
+from tinker_sync._lazynp import AnyArray, is_ndarray, np_isinstance
 from tinker_sync.types._base import TinkerModel
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import torch
 
 __all__ = ["TensorData", "TensorDtype", "check_pad_value", "numpy_dtype_to_tensor_dtype"]
 
 TensorDtype: TypeAlias = Literal["int64", "float32"]
 
-_NP_DTYPES: dict[str, np.dtype[Any]] = {
-    "int64": np.dtype(np.int64),
-    "float32": np.dtype(np.float32),
-}
-_EMPTY_I64 = np.empty(0, dtype=np.int64)
+_TENSOR_DTYPES = ("int64", "float32")
 
 
 def check_pad_value(pad_value: Any) -> int:
     """Return ``pad_value`` as an int; bool, float or anything else raises ``TypeError``."""
-    if isinstance(pad_value, (bool, np.bool_)) or not isinstance(pad_value, (int, np.integer)):
+    if (
+        isinstance(pad_value, bool)
+        or np_isinstance(pad_value, "bool_")
+        or not (isinstance(pad_value, int) or np_isinstance(pad_value, "integer"))
+    ):
         raise TypeError(
             f"pad_value must be an integer, got {type(pad_value).__name__}: {pad_value!r}"
         )
     return int(pad_value)
 
 
-def numpy_dtype_to_tensor_dtype(dtype: np.dtype[Any]) -> TensorDtype:
+def numpy_dtype_to_tensor_dtype(dtype: "np.dtype[Any]") -> TensorDtype:
     """Map a numpy dtype to a wire dtype: float kinds -> float32, signed ints -> int64."""
     if dtype.kind == "f":
         return "float32"
@@ -45,15 +45,17 @@ def numpy_dtype_to_tensor_dtype(dtype: np.dtype[Any]) -> TensorDtype:
     )
 
 
-def _readonly(arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
+def _readonly(arr: AnyArray) -> AnyArray:
     if not arr.flags.writeable:
         return arr
-    view: npt.NDArray[Any] = arr.view()
+    view: AnyArray = arr.view()
     view.flags.writeable = False
     return view
 
 
-def _index_array(value: Any, name: str) -> npt.NDArray[np.int64]:
+def _index_array(value: Any, name: str) -> "npt.NDArray[np.int64]":
+    import numpy as np
+
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "iu" or value.ndim != 1:
             raise ValueError(f"TensorData.{name} must be a 1-D integer array")
@@ -94,7 +96,7 @@ class TensorData(TinkerModel):
     __slots__ = ("_arr", "_col", "_crow", "_shape", "_view_shape", "dtype")
 
     if TYPE_CHECKING:  # the storage behind the fields (slots, not dataclass fields)
-        _arr: npt.NDArray[Any]
+        _arr: AnyArray
         _shape: list[int] | None
         _crow: npt.NDArray[np.int64] | None
         _col: npt.NDArray[np.int64] | None
@@ -105,7 +107,7 @@ class TensorData(TinkerModel):
     shape: list[int] | None = None
     sparse_crow_indices: list[int] | None = None
     sparse_col_indices: list[int] | None = None
-    _numpy: npt.NDArray[Any] = None  # type: ignore[assignment]
+    _numpy: AnyArray = None  # type: ignore[assignment]
 
     _tinker_extra_init: ClassVar[frozenset[str]] = frozenset({"data"})
 
@@ -118,13 +120,15 @@ class TensorData(TinkerModel):
         sparse_col_indices: Any = None,
         _numpy: Any = None,
     ) -> None:
+        import numpy as np
+
         if data is None:
             data = _numpy
         if dtype is None:
             raise TypeError("TensorData requires `dtype` ('int64' or 'float32')")
-        np_dtype = _NP_DTYPES.get(dtype) if isinstance(dtype, str) else None
-        if np_dtype is None:
+        if not isinstance(dtype, str) or dtype not in _TENSOR_DTYPES:
             raise ValueError(f"TensorData.dtype must be 'int64' or 'float32', got {dtype!r}")
+        np_dtype = np.dtype(dtype)
         if isinstance(data, np.ndarray):
             if data.dtype != np_dtype:
                 if data.dtype.kind not in "biuf":
@@ -233,17 +237,17 @@ class TensorData(TinkerModel):
         return out
 
     @property
-    def data_np(self) -> npt.NDArray[Any]:
+    def data_np(self) -> AnyArray:
         """The flat values as a read-only numpy array (int64 or float32), no copy."""
         return _readonly(self._arr)
 
     @property
-    def crow_np(self) -> npt.NDArray[np.int64] | None:
+    def crow_np(self) -> "npt.NDArray[np.int64] | None":
         """CSR row pointers as a read-only int64 array, or None."""
         return None if self._crow is None else _readonly(self._crow)
 
     @property
-    def col_np(self) -> npt.NDArray[np.int64] | None:
+    def col_np(self) -> "npt.NDArray[np.int64] | None":
         """CSR column indices as a read-only int64 array, or None."""
         return None if self._col is None else _readonly(self._col)
 
@@ -254,26 +258,26 @@ class TensorData(TinkerModel):
 
     # -- constructors -----------------------------------------------------------------------
     @classmethod
-    def from_numpy(cls, array: npt.NDArray[Any]) -> "TensorData":
+    def from_numpy(cls, array: AnyArray) -> "TensorData":
         """Wrap a numpy array: float kinds -> float32, signed int kinds -> int64, else ValueError.
 
         The array is kept without copying when it already has the target dtype, is
         contiguous and writable.
         """
-        if not isinstance(array, np.ndarray):
+        if not is_ndarray(array):
             raise TypeError(f"from_numpy expects a numpy array, got {type(array).__name__}")
         dtype = numpy_dtype_to_tensor_dtype(array.dtype)
         return cls(data=array, dtype=dtype, shape=list(array.shape))
 
     @classmethod
-    def from_numpy_sparse(cls, array: npt.NDArray[Any], pad_value: int = 0) -> "TensorData":
+    def from_numpy_sparse(cls, array: AnyArray, pad_value: int = 0) -> "TensorData":
         """Like ``from_numpy`` but a 2-D array becomes CSR when that is smaller than dense.
 
         Entries equal to ``pad_value`` are left out. CSR is used only when
         ``(rows + 1) + 2 * nnz < rows * cols``.
         """
         pad = check_pad_value(pad_value)
-        if not isinstance(array, np.ndarray):
+        if not is_ndarray(array):
             raise TypeError(f"from_numpy_sparse expects a numpy array, got {type(array).__name__}")
         dtype = numpy_dtype_to_tensor_dtype(array.dtype)
         if array.ndim != 2:
@@ -281,9 +285,9 @@ class TensorData(TinkerModel):
         return cls._sparse_from_dense(array, dtype, pad)
 
     @classmethod
-    def _sparse_from_dense(
-        cls, array: npt.NDArray[Any], dtype: TensorDtype, pad: int
-    ) -> "TensorData":
+    def _sparse_from_dense(cls, array: AnyArray, dtype: TensorDtype, pad: int) -> "TensorData":
+        import numpy as np
+
         rows, cols = (int(d) for d in array.shape)
         mask = array != pad
         nnz = int(np.count_nonzero(mask))
@@ -318,13 +322,15 @@ class TensorData(TinkerModel):
         dtype: TensorDtype = "float32" if tensor.dtype.is_floating_point else "int64"
         arr = _torch_to_numpy(tensor)
         if arr.dtype.kind not in "if":
-            arr = arr.astype(np.int64)
+            arr = arr.astype("int64")
         del torch
         return cls._sparse_from_dense(arr, dtype, pad)
 
     # -- conversions ------------------------------------------------------------------------
-    def to_numpy(self, pad_value: int = 0) -> npt.NDArray[Any]:
+    def to_numpy(self, pad_value: int = 0) -> AnyArray:
         """Return a dense array (read-only for dense tensors; CSR is densified with ``pad_value``)."""
+        import numpy as np
+
         pad = check_pad_value(pad_value)
         if self._crow is None:
             return _readonly(self._arr.reshape(self._view_shape))
@@ -397,7 +403,7 @@ def _col_list(self: TensorData) -> list[int] | None:
     return None if self._col is None else self._col.tolist()
 
 
-def _numpy_values(self: TensorData) -> npt.NDArray[Any]:
+def _numpy_values(self: TensorData) -> AnyArray:
     """The stored values in their natural shape (for CSR: the listed values), read-only."""
     arr = self._arr
     if self.shape is None and self._crow is None:
@@ -414,18 +420,18 @@ setattr(TensorData, "_numpy", property(_numpy_values))  # noqa: B010
 
 
 def _rebuild(
-    data: npt.NDArray[Any],
+    data: AnyArray,
     dtype: TensorDtype,
     shape: list[int] | None,
-    crow: npt.NDArray[np.int64] | None,
-    col: npt.NDArray[np.int64] | None,
+    crow: "npt.NDArray[np.int64] | None",
+    col: "npt.NDArray[np.int64] | None",
 ) -> TensorData:
     return TensorData(
         data=data, dtype=dtype, shape=shape, sparse_crow_indices=crow, sparse_col_indices=col
     )
 
 
-def _torch_to_numpy(tensor: "torch.Tensor") -> npt.NDArray[Any]:
+def _torch_to_numpy(tensor: "torch.Tensor") -> AnyArray:
     import torch
 
     t = tensor.detach()
@@ -433,5 +439,5 @@ def _torch_to_numpy(tensor: "torch.Tensor") -> npt.NDArray[Any]:
         t = t.float()
     if t.device.type != "cpu":
         t = t.cpu()
-    arr: npt.NDArray[Any] = t.contiguous().numpy()
+    arr: AnyArray = t.contiguous().numpy()
     return arr
