@@ -507,9 +507,9 @@ print(json.dumps(sorted(sys.modules)))
 
 def test_spawned_worker_sampling_over_http_skips_modules_it_does_not_need(srv, service):
     """A fresh worker that unpickles a sampling client and samples once over plain http
-    imports neither asyncio (no event loop runs), requests, the local server nor the REST
-    types (JSON decoders are built on first use): each costs start-up time in every spawned
-    rollout worker."""
+    imports neither asyncio (no event loop runs), requests, the local server, the REST types
+    nor the protocol request types (JSON decoders are built on first use): each costs start-up
+    time in every spawned rollout worker."""
     payload = pickle.dumps(service.create_sampling_client(base_model=BASE))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
     env["TINKER_API_KEY"] = KEY
@@ -529,6 +529,7 @@ def test_spawned_worker_sampling_over_http_skips_modules_it_does_not_need(srv, s
     assert not {"asyncio", "requests"} & tops, sorted({"asyncio", "requests"} & tops)
     assert not [name for name in loaded if name.startswith("tinker_sync.local")]
     assert "tinker_sync.types._rest" not in loaded
+    assert "tinker_sync.types._protocol" not in loaded  # ~45 request/reply classes to build
 
 
 FIRST_SAMPLE_SCRIPT = r"""

@@ -445,11 +445,13 @@ def _s_float_or_str(value: Any, _: Any) -> float | str:
     return _s_float(value, float)
 
 
-_CUSTOM: dict[type, Callable[[Any, Any], Any]] = {
-    T.TensorData: _s_tensor_data,
-    T.SampledSequence: _s_sampled_sequence,
-    T.SampleResponse: _s_sample_response,
-    T.OptimStepRequest: _s_optim_step_request,
+# By name, so that importing the converter builds no request type (OptimStepRequest lives in
+# the protocol types, which a process that only samples never loads; docs/scale-out.md).
+_CUSTOM: dict[str, Callable[[Any, Any], Any]] = {
+    "TensorData": _s_tensor_data,
+    "SampledSequence": _s_sampled_sequence,
+    "SampleResponse": _s_sample_response,
+    "OptimStepRequest": _s_optim_step_request,
 }
 
 
@@ -485,8 +487,8 @@ def _model_hook_factory(cls: type) -> Callable[[Any, Any], Any]:
 
 
 def _model_hook(cls: type) -> Callable[[Any, Any], Any]:
-    custom = _CUSTOM.get(cls)
-    if custom is not None:
+    custom = _CUSTOM.get(cls.__name__)
+    if custom is not None and cls is getattr(T, cls.__name__, None):
         return custom
     if dataclasses.is_dataclass(cls):
         return _dataclass_hook(cls)

@@ -82,6 +82,7 @@ from tinker_sync.types._results import (
     SaveWeightsResponse,
     SupportedModel,
     TopkLogprobs,
+    UntypedAPIFuture,
     WeightsInfoResponse,
 )
 from tinker_sync.types._tensor import TensorData, TensorDtype
@@ -196,7 +197,6 @@ if TYPE_CHECKING:
         UnhandledExceptionEvent,
         UnloadModelRequest,
         UnloadModelResponse,
-        UntypedAPIFuture,
         WeightsInfoRequest,
     )
     from tinker_sync.types._rest import (
@@ -273,7 +273,6 @@ _LAZY: dict[str, str] = {
     "UnhandledExceptionEvent": "_protocol",
     "UnloadModelRequest": "_protocol",
     "UnloadModelResponse": "_protocol",
-    "UntypedAPIFuture": "_protocol",
     "WeightsInfoRequest": "_protocol",
     "Checkpoint": "_rest",
     "CheckpointsListResponse": "_rest",

@@ -32,6 +32,7 @@ from tinker_sync.types._results import (
     SaveWeightsExternalResponse,
     SaveWeightsForSamplerResponse,
     SaveWeightsResponse,
+    UntypedAPIFuture,  # with the results: the sampling path needs it, not this module
 )
 from tinker_sync.types._tensor import TensorData
 
@@ -455,15 +456,6 @@ class SampleRequest(TinkerRequest):
 
 
 # -- futures ----------------------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class UntypedAPIFuture(TinkerModel):
-    """Immediate reply of a future endpoint."""
-
-    request_id: str
-    model_id: str | None = None
-    sample_sequence_ids: list[str] | None = None
 
 
 QueueState: TypeAlias = Literal["active", "paused_capacity", "paused_rate_limit"]

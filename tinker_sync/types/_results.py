@@ -35,6 +35,7 @@ __all__ = [
     "SaveWeightsResponse",
     "SupportedModel",
     "TopkLogprobs",
+    "UntypedAPIFuture",
     "WeightsInfoResponse",
 ]
 
@@ -613,6 +614,15 @@ class ForwardBackwardOutput(TinkerDataclass):
     loss_fn_outputs: list[dict[str, TensorData]]
     #: ``hash2`` reductions are exact ints (they may exceed 2**53); the rest are floats.
     metrics: dict[str, int | float] = dataclasses.field(default_factory=dict)
+
+
+@attrs.frozen(kw_only=True, field_transformer=checked)
+class UntypedAPIFuture(TinkerModel):
+    """Immediate reply of a future endpoint."""
+
+    request_id: str
+    model_id: str | None = None
+    sample_sequence_ids: list[str] | None = None
 
 
 @attrs.frozen(kw_only=True, field_transformer=checked)
