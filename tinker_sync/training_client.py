@@ -292,7 +292,7 @@ class TrainingClient:
     ) -> tuple[list[bytes], list[int]]:
         """Validate and encode every chunk (without seq_id) before anything is reserved
         (docs/design/behavior.md#validate-before-reserving)."""
-        from tinker_sync._wire._chunking import chunk_ranges, estimate_datum_bytes
+        from tinker_sync._wire._chunking import chunk_plan
         from tinker_sync._wire._proto import encode_forward_backward_request
 
         if isinstance(data, Datum) or not isinstance(data, Sequence):
@@ -318,18 +318,16 @@ class TrainingClient:
                         f"{type(value).__name__}"
                     )
         server = self._session.server
-        ranges = chunk_ranges(
-            data, server.fwdbwd_max_chunk_len, server.fwdbwd_max_chunk_bytes_count
-        )
+        # each datum's bytes are estimated once, for the boundaries and the byte gate
+        plan = chunk_plan(data, server.fwdbwd_max_chunk_len, server.fwdbwd_max_chunk_bytes_count)
         bodies = [
             encode_forward_backward_request(
                 self.model_id, None, data[a:b], loss_fn, loss_fn_config, forward_only
             )
-            for a, b in ranges
+            for a, b, _ in plan
         ]
         check_loss_inputs(data, loss_fn)  # after encoding: its errors are about the data's form
-        estimates = [sum(estimate_datum_bytes(d) for d in data[a:b]) for a, b in ranges]
-        return bodies, estimates
+        return bodies, [nbytes for _, _, nbytes in plan]
 
     def _fwdbwd(
         self,
