@@ -337,6 +337,8 @@ class SampledSequence(TinkerDataclass):
     """One sampled sequence: numpy fields plus lazy list views.
 
     Usage: ``seq.tokens`` (list), ``seq.tokens_np`` (int32 array), ``seq.logprobs``.
+    A received sequence builds ``tokens_np`` / ``logprobs_np`` on first read (numpy is imported
+    then, not by sampling).
     The constructor also accepts the list forms ``tokens=``, ``logprobs=``, ``topk_logprobs=``
     (and the official SDK's ``_tokens_list=`` spellings); given with the array, the list wins,
     so ``dataclasses.replace(seq, tokens=[...])`` works. ``sequence_id`` is None until the
