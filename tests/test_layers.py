@@ -59,6 +59,7 @@ LAYERS: dict[str, int] = {
     "_credentials": 0,
     "exceptions": 0,
     "_paths": 0,
+    "_lazynp": 0,
     "_runtime": 0,
     "_version": 0,
     "_logging": 0,
