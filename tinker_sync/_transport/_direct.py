@@ -2,10 +2,11 @@
 
 Usage::
 
-    pool = direct_pool(base_url, 8, verify=True, options=socket_options(), tracker=tracker)
+    pool = direct_pool(base_url, 8, verify=True, options=socket_options(), tracker=tracker,
+                       limit=max_reply_bytes())
     if pool is not None:                       # None: not eligible, use urllib3
-        status, headers, content = pool.exchange("POST", "/api/v1/asample", body, headers,
-                                                 Timeout(60.0, connect=5.0))
+        status, headers, raw = pool.exchange("POST", "/api/v1/asample", body, headers,
+                                             Timeout(60.0, connect=5.0), deadline)
     pool.close()
 
 Why it exists: per request, urllib3 and http.client validate every header line in Python
@@ -13,18 +14,25 @@ Why it exists: per request, urllib3 and http.client validate every header line i
 build two response objects; measured on the sample benchmark (docs/transport.md) that was most
 of the SDK's client CPU. This module writes the same request bytes (request line, ``Host``,
 the caller's header lines in order, ``Content-Length``) in one ``sendall`` and reads the reply
-with a small parser: status line, header block, a ``Content-Length``, chunked or
-close-delimited body, ``gzip``/``deflate`` decoding.
+with llhttp (Node's HTTP parser, through ``httptools``, strict): status line, header block,
+``Content-Length``, chunked or close-delimited body. The raw body is returned; the caller
+decodes it (``_replies.decode``), as on the urllib3 path.
 
-It is used only where it is a drop-in (see :func:`direct_pool`): no proxy (urllib3 keeps
-proxies, SOCKS and redirects), ``TINKER_SYNC_TRANSPORT`` not set to ``urllib3``, and, for
-``https://``, an ``ssl`` module whose contexts wrap sockets with SNI (feature-detected once).
-Failures are raised as the exceptions urllib3 and http.client raise for the same event
-(``NewConnectionError`` / ``NameResolutionError`` / ``ConnectTimeoutError`` / ``SSLError`` on
-connect, ``http.client`` ``RemoteDisconnected`` / ``IncompleteRead`` / ``BadStatusLine`` /
-``LineTooLong``, socket timeouts, ``DecodeError``), so the SDK maps both paths the same way
-(``_errors.map_transport_error``). Only documented APIs: ``socket``, ``ssl``, ``zlib`` and
-those public exception classes.
+Never another request's reply: a connection goes back to the pool only when the reply was
+complete, allowed keep-alive and nothing followed it; a 101, a reply with both
+``Content-Length`` and ``Transfer-Encoding`` (refused by llhttp) or any leftover byte closes it.
+Bounded: the header block (:data:`MAX_HEAD_BYTES`), interim replies (:data:`MAX_INTERIM`),
+the body (the pool's ``limit``) and the time (the attempt's deadline) are all capped.
+
+It is used only where it is a drop-in (see :func:`direct_pool`): ``httptools`` imports, no
+proxy (urllib3 keeps proxies, SOCKS and redirects), ``TINKER_SYNC_TRANSPORT`` not set to
+``urllib3``, and, for ``https://``, an ``ssl`` module whose contexts wrap sockets with SNI
+(feature-detected once). Failures are raised as the exceptions urllib3 and http.client raise
+for the same event (``NewConnectionError`` / ``NameResolutionError`` / ``ConnectTimeoutError``
+/ ``SSLError`` on connect, ``http.client`` ``RemoteDisconnected`` / ``IncompleteRead`` or an
+``HTTPException`` for a refused reply, socket timeouts), so the SDK maps both paths the same
+way (``_errors.map_transport_error``). Only documented APIs: ``socket``, ``ssl``,
+``httptools`` and those public exception classes.
 
 Thread safety: a :class:`DirectPool` is thread-safe; a :class:`DirectConnection` is used by
 one thread at a time (the pool hands it out). Fork safety: pools are abandoned in a child
@@ -39,8 +47,8 @@ import os
 import re
 import select
 import socket
+import time
 import urllib.parse
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -48,7 +56,15 @@ import urllib3.exceptions
 
 from tinker_sync._runtime.fork import make_lock
 from tinker_sync._transport._connection import COALESCE_LIMIT, setup_timeout
+from tinker_sync._transport._replies import ReplyProtocolError, too_large
 from tinker_sync._transport._settings import Verify, ca_locations
+
+try:
+    import httptools
+
+    HAVE_HTTPTOOLS = True
+except ImportError:  # pragma: no cover - a platform without a wheel: urllib3 serves
+    HAVE_HTTPTOOLS = False
 
 if TYPE_CHECKING:
     import ssl
@@ -61,10 +77,14 @@ logger = logging.getLogger("tinker_sync.transport")
 TRANSPORT_ENV = "TINKER_SYNC_TRANSPORT"
 """``urllib3``: every request through urllib3 (the documented-API path); else ``auto``."""
 
-MAX_LINE = 65536
-"""Longest status or header line read (as http.client)."""
+MAX_HEAD_BYTES = 256 * 1024
+"""Most bytes read before the final reply's header block is complete (interim replies
+included)."""
 MAX_HEADERS = 100
-"""Most header lines in one reply (as http.client)."""
+"""Most distinct header names in one reply (as http.client counts lines)."""
+MAX_INTERIM = 8
+"""Most interim (1xx) replies skipped before the final one."""
+_RECV_SIZE = 256 * 1024
 _METHODS_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 """Sent with ``Content-Length: 0`` when they have no body (as urllib3)."""
 _BAD_TARGET = re.compile("[\x00-\x20\x7f]")
@@ -79,6 +99,7 @@ def direct_pool(
     verify: Verify,
     options: Sequence[tuple[int, int, int | bytes]],
     tracker: _InflightTracker,
+    limit: int,
 ) -> DirectPool | None:
     """The direct pool for ``base_url``'s origin, or None where urllib3 must be used.
 
@@ -86,7 +107,7 @@ def direct_pool(
     directory, as :func:`~._settings.ca_locations` reads it (never off: docs/transport.md). Call only
     for routes without a proxy.
     """
-    if os.environ.get(TRANSPORT_ENV, "auto").strip().lower() == "urllib3":
+    if not HAVE_HTTPTOOLS or os.environ.get(TRANSPORT_ENV, "auto").strip().lower() == "urllib3":
         return None
     parts = urllib.parse.urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -95,7 +116,7 @@ def direct_pool(
         return None
     tls = verify if parts.scheme == "https" else None
     port = parts.port or (443 if tls is not None else 80)
-    return DirectPool(parts.hostname, port, tls, size, options, tracker)
+    return DirectPool(parts.hostname, port, tls, size, options, tracker, limit)
 
 
 def _has_tls() -> bool:
@@ -120,27 +141,128 @@ def _tls_context(verify: Verify) -> ssl.SSLContext:
     return context
 
 
+class _Leftover(Exception):
+    """Bytes followed the final reply (stops the parser; the reply itself stands)."""
+
+
+class _Reply:
+    """The ``httptools`` protocol object collecting one reply (plus skipped interim replies).
+
+    A callback that must stop the parser stores its exception in ``error`` and raises it;
+    ``feed_data`` then raises ``HttpParserCallbackError`` and the reader re-raises ``error``.
+    """
+
+    __slots__ = (
+        "bodiless",
+        "body",
+        "done",
+        "error",
+        "final",
+        "headers",
+        "interim",
+        "keep_alive",
+        "leftover",
+        "limit",
+        "parser",
+        "size",
+        "status",
+    )
+
+    def __init__(self, method: str, limit: int) -> None:
+        self.parser: httptools.HttpResponseParser | None = None
+        self.bodiless = method == "HEAD"
+        self.limit = limit
+        self.headers: Headers = {}
+        self.body: list[bytes] = []
+        self.size = 0
+        self.status = 0
+        self.interim = 0
+        self.final = False  # the final (non-1xx) reply's header block is complete
+        self.done = False  # the final reply is complete
+        self.keep_alive = False
+        self.leftover = False  # bytes followed the final reply
+        self.error: BaseException | None = None
+
+    def _stop(self, exc: BaseException) -> BaseException:
+        self.error = exc
+        return exc
+
+    def on_message_begin(self) -> None:
+        if self.done:  # a second reply on the same bytes: never read as the next request's
+            self.leftover = True
+            raise self._stop(_Leftover())
+        self.headers = {}
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_HEADERS:
+            raise self._stop(ReplyProtocolError(f"more than {MAX_HEADERS} reply headers"))
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        old = self.headers.get(key)
+        self.headers[key] = text if old is None else f"{old}, {text}"
+
+    def on_headers_complete(self) -> None:
+        assert self.parser is not None
+        status = self.parser.get_status_code()
+        self.status = status
+        if status == 101:
+            raise self._stop(
+                ReplyProtocolError("unexpected 101 Switching Protocols (no upgrade was asked)")
+            )
+        if 100 <= status < 200:
+            self.interim += 1
+            if self.interim > MAX_INTERIM:
+                raise self._stop(
+                    ReplyProtocolError(f"more than {MAX_INTERIM} interim (1xx) replies")
+                )
+            return
+        self.final = True
+        if self.bodiless or status in (204, 304):
+            # The reply ends with its header block, whatever it declares (some parser
+            # versions would read a declared body): anything after it is left over.
+            self.bodiless = True
+            self.keep_alive = bool(self.parser.should_keep_alive())
+            self.done = True
+
+    def on_body(self, data: bytes) -> None:
+        if self.done:
+            self.leftover = True
+            raise self._stop(_Leftover())
+        self.size += len(data)
+        if self.size > self.limit:
+            raise self._stop(too_large(self.limit, "body"))
+        self.body.append(data)
+
+    def on_message_complete(self) -> None:
+        if not self.final:
+            return  # an interim reply: the final one follows
+        if not self.done:
+            assert self.parser is not None
+            self.keep_alive = bool(self.parser.should_keep_alive())
+            self.done = True
+
+
 class DirectConnection:
     """One keep-alive connection: write a request, read its whole reply.
 
     ``sock`` is public for the in-flight tracker, which shuts it down to cut a request.
     """
 
-    __slots__ = ("_file", "sock")
+    __slots__ = ("sock",)
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._file = sock.makefile("rb")
 
     def close(self) -> None:
-        try:
-            self._file.close()
-        finally:
-            self.sock.close()
+        self.sock.close()
 
     def dropped(self) -> bool:
-        """Whether an idle connection was closed by the peer (readable means EOF or junk)."""
+        """Whether an idle connection was closed by the peer or has bytes nobody asked for
+        (readable, or TLS data already decrypted: EOF or junk either way)."""
         try:
+            pending = getattr(self.sock, "pending", None)  # ssl.SSLSocket.pending()
+            if pending is not None and pending():
+                return True
             if hasattr(select, "poll"):
                 poller = select.poll()
                 poller.register(self.sock, select.POLLIN)
@@ -157,127 +279,63 @@ class DirectConnection:
         if body:
             self.sock.sendall(body)
 
-    def read_reply(self, method: str) -> tuple[int, Headers, bytes, bool]:
-        """``(status, lower-cased merged headers, decoded body, reusable)``."""
-        while True:
-            version, status = self._status_line()
-            headers = self._headers()
-            if not (100 <= status < 200) or status == 101:
-                break  # interim replies (100 Continue, 103 Early Hints) are skipped
-        connection = headers.get("connection", "").lower()
-        reusable = "close" not in connection and (
-            version != "HTTP/1.0" or "keep-alive" in connection
-        )
-        if method == "HEAD" or status in (204, 304) or status == 101:
-            return status, headers, b"", reusable
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            body = self._chunked()
-        else:
-            length = _content_length(headers.get("content-length"))
-            if length is None:
-                body, reusable = self._file.read(), False
-            else:
-                body = self._file.read(length)
-                if len(body) < length:
-                    raise http.client.IncompleteRead(body, length - len(body))
-        encoding = headers.get("content-encoding")
-        if encoding and body:
-            body = _decode(body, encoding)
-        return status, headers, body, reusable
+    def read_reply(
+        self, method: str, limit: int, read_timeout: float | None, deadline: float | None
+    ) -> tuple[int, Headers, bytes, bool]:
+        """``(status, lower-cased merged headers, raw body, reusable)``.
 
-    def _line(self, what: str) -> bytes:
-        line = self._file.readline(MAX_LINE + 1)
-        if len(line) > MAX_LINE:
-            raise http.client.LineTooLong(what)
-        return line
-
-    def _status_line(self) -> tuple[str, int]:
-        line = self._line("status line")
-        if not line:
-            raise http.client.RemoteDisconnected("Remote end closed connection without response")
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
-            raise http.client.BadStatusLine(repr(line))
-        try:
-            status = int(parts[1])
-        except ValueError:
-            raise http.client.BadStatusLine(repr(line)) from None
-        if not 100 <= status <= 999:
-            raise http.client.BadStatusLine(repr(line))
-        return parts[0].decode("latin-1"), status
-
-    def _headers(self) -> Headers:
-        headers: Headers = {}
-        last = ""
-        for _ in range(MAX_HEADERS + 1):
-            line = self._line("header line")
-            if line in (b"\r\n", b"\n", b""):
-                return headers
-            if line[:1] in (b" ", b"\t") and last:  # an obsolete folded continuation
-                headers[last] += " " + line.strip().decode("latin-1")
-                continue
-            name, sep, value = line.partition(b":")
-            if not sep:
-                continue  # not a header line; http.client's parser skips it too
-            last = name.strip().decode("latin-1").lower()
-            text = value.strip().decode("latin-1")
-            headers[last] = f"{headers[last]}, {text}" if last in headers else text
-        raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
-
-    def _chunked(self) -> bytes:
-        parts: list[bytes] = []
-        while True:
-            line = self._line("chunk size")
+        The body is not decoded (the caller decodes it under the cap). Raises ``TimeoutError``
+        when no byte comes for ``read_timeout`` seconds or the reply is not complete at
+        ``deadline`` (a ``time.monotonic()`` value), :class:`ReplyProtocolError` for a reply
+        the parser refuses, ``ReplyTooLargeError`` above ``limit`` body bytes.
+        """
+        reply = _Reply(method, limit)
+        parser = reply.parser = httptools.HttpResponseParser(reply)
+        sock = self.sock
+        received = 0
+        while not reply.done:
+            timeout = read_timeout
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the reply did not complete within the attempt deadline")
+                timeout = left if timeout is None else min(timeout, left)
+            sock.settimeout(timeout)
+            data = sock.recv(_RECV_SIZE)
+            if not data:
+                return self._at_eof(reply, received)
+            received += len(data)
+            if not reply.final and received > MAX_HEAD_BYTES:
+                raise ReplyProtocolError(f"reply header block above {MAX_HEAD_BYTES} bytes")
             try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise http.client.IncompleteRead(b"".join(parts)) from None
-            if size == 0:
-                break
-            chunk = self._file.read(size)
-            if len(chunk) < size:
-                raise http.client.IncompleteRead(b"".join(parts) + chunk, size - len(chunk))
-            parts.append(chunk)
-            self._file.read(2)  # the CRLF after the chunk
-        while self._line("trailer line") not in (b"\r\n", b"\n", b""):
-            pass  # trailers are read and dropped, like urllib3
-        return b"".join(parts)
+                parser.feed_data(data)
+            except httptools.HttpParserCallbackError:
+                if isinstance(reply.error, _Leftover):
+                    break
+                raise reply.error or ReplyProtocolError("reply parser failed") from None
+            except httptools.HttpParserUpgrade:
+                raise ReplyProtocolError("unexpected protocol upgrade in a reply") from None
+            except httptools.HttpParserError as exc:
+                if reply.done:  # junk after a complete reply
+                    reply.leftover = True
+                    break
+                raise ReplyProtocolError(f"malformed reply: {exc}") from None
+        reusable = reply.keep_alive and not reply.leftover
+        return reply.status, reply.headers, b"".join(reply.body), reusable
 
-
-def _content_length(value: str | None) -> int | None:
-    if value is None:
-        return None
-    values = {v.strip() for v in value.split(",")}  # "5, 5" from merged duplicates
-    if len(values) != 1:
-        raise http.client.HTTPException(f"conflicting Content-Length values: {value!r}")
-    try:
-        length = int(values.pop())
-    except ValueError:
-        return None  # unreadable: read to the end of the connection, as http.client does
-    if length < 0:
-        return None
-    return length
-
-
-def _decode(body: bytes, encoding: str) -> bytes:
-    """Undo ``gzip`` / ``deflate`` content codings (the ones the SDK accepts); others untouched."""
-    for coding in reversed([c.strip().lower() for c in encoding.split(",")]):
-        try:
-            if coding in ("gzip", "x-gzip"):
-                body = zlib.decompress(body, 16 + zlib.MAX_WBITS)
-            elif coding == "deflate":
-                try:
-                    body = zlib.decompress(body)
-                except zlib.error:  # raw deflate without the zlib header
-                    body = zlib.decompress(body, -zlib.MAX_WBITS)
-            elif coding not in ("identity", ""):
-                return body
-        except zlib.error as exc:
-            raise urllib3.exceptions.DecodeError(
-                f"Received response with content-encoding: {coding}, but failed to decode it.",
-                exc,
-            ) from exc
-    return body
+    @staticmethod
+    def _at_eof(reply: _Reply, received: int) -> tuple[int, Headers, bytes, bool]:
+        """The peer closed the connection before the reply was complete."""
+        if received == 0:
+            raise http.client.RemoteDisconnected("Remote end closed connection without response")
+        headers = reply.headers
+        if (
+            reply.final
+            and "content-length" not in headers
+            and "chunked" not in headers.get("transfer-encoding", "").lower()
+        ):  # a close-delimited body ends here
+            return reply.status, headers, b"".join(reply.body), False
+        raise http.client.IncompleteRead(b"".join(reply.body))
 
 
 class DirectPool:
@@ -296,8 +354,10 @@ class DirectPool:
         size: int,
         options: Sequence[tuple[int, int, int | bytes]],
         tracker: _InflightTracker,
+        limit: int,
     ) -> None:
         self.host = host
+        self.limit = limit
         self.port = port
         default_port = 443 if tls is not None else 80
         self._host_line = f"Host: {_host_header(host, port, default_port)}\r\n"
@@ -318,16 +378,29 @@ class DirectPool:
         body: bytes | None,
         headers: Mapping[str, str],
         timeout: Timeout,
+        deadline: float | None,
     ) -> tuple[int, Headers, bytes]:
-        """Send one request and read its whole reply: ``(status, headers, body)``."""
+        """Send one request and read its whole reply: ``(status, headers, raw body)``.
+
+        ``deadline`` (a ``time.monotonic()`` value, or None) bounds the send and the read.
+        """
         head = self._head(method, target, body, headers)
         conn = self._take(timeout)
         self._tracker.begin(conn)
         reusable = False
         try:
-            conn.sock.settimeout(timeout.read)
+            wait = timeout.read
+            if deadline is not None:
+                wait = (
+                    max(0.0, deadline - time.monotonic())
+                    if wait is None
+                    else max(0.0, min(wait, deadline - time.monotonic()))
+                )
+            conn.sock.settimeout(wait)
             conn.request(head, body)
-            status, reply_headers, content, reusable = conn.read_reply(method)
+            status, reply_headers, content, reusable = conn.read_reply(
+                method, self.limit, timeout.read, deadline
+            )
         finally:
             if reusable:
                 self._give_back(conn)

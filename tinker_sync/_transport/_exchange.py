@@ -20,6 +20,7 @@ Thread safety: stateless functions; urllib3 pools are thread-safe.
 from __future__ import annotations
 
 import functools
+import time
 import urllib.parse
 from collections.abc import Mapping
 
@@ -30,6 +31,12 @@ from urllib3.util import Retry
 from tinker_sync._config import Timeout
 from tinker_sync._runtime.redact import is_secret_header
 from tinker_sync._transport._pools import _Route
+from tinker_sync._transport._replies import (
+    ReplyProtocolError,
+    attempt_deadline,
+    decode,
+    too_large,
+)
 from tinker_sync.exceptions import APIConnectionError
 
 MAX_REDIRECTS = 30
@@ -55,9 +62,40 @@ class _Response:
         self.content = content
 
 
-def _read(response: BaseHTTPResponse) -> _Response:
+_READ_STEP = 256 * 1024
+
+
+def _read(response: BaseHTTPResponse, limit: int, deadline: float | None) -> _Response:
+    """Read a urllib3 reply's raw body under the cap and the deadline (checked between reads)
+    and decode it. A 101 or a reply with both ``Content-Length`` and ``Transfer-Encoding`` is
+    refused and its connection closed (never another request's reply)."""
     headers = {name.lower(): value for name, value in response.headers.itermerged()}
-    return _Response(response.status, headers, response.data)
+    try:
+        if response.status == 101:
+            raise ReplyProtocolError("unexpected 101 Switching Protocols (no upgrade was asked)")
+        if "content-length" in headers and "transfer-encoding" in headers:
+            raise ReplyProtocolError("reply has both Content-Length and Transfer-Encoding")
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("the reply did not complete within the attempt deadline")
+            piece = response.read(_READ_STEP, decode_content=False)
+            if not piece:
+                break
+            size += len(piece)
+            if size > limit:
+                raise too_large(limit, "body")
+            parts.append(piece)
+    except BaseException:
+        response.close()  # closes the connection: it is not reused
+        response.release_conn()
+        raise
+    response.release_conn()
+    raw = b"".join(parts)
+    return _Response(
+        response.status, headers, decode(raw, headers.get("content-encoding", ""), limit)
+    )
 
 
 def _via_manager(
@@ -67,6 +105,7 @@ def _via_manager(
     body: bytes | None,
     headers: Mapping[str, str],
     timeout: Timeout,
+    deadline: float | None,
 ) -> _Response:
     """One exchange through urllib3's pool manager: a plain-HTTP proxy, redirects anywhere."""
     return _read(
@@ -78,8 +117,11 @@ def _via_manager(
             timeout=_timeout(timeout),
             retries=_NO_RETRIES,
             redirect=False,
-            preload_content=True,
-        )
+            preload_content=False,
+            decode_content=False,
+        ),
+        route.limit,
+        deadline,
     )
 
 
@@ -90,6 +132,7 @@ def _via_origin(
     body: bytes | None,
     headers: Mapping[str, str],
     timeout: Timeout,
+    deadline: float | None,
 ) -> _Response:
     """One exchange on the pool of the base URL's origin (``target`` is a path)."""
     return _read(
@@ -102,8 +145,11 @@ def _via_origin(
             redirect=False,
             assert_same_host=False,
             timeout=_timeout(timeout),
-            preload_content=True,
-        )
+            preload_content=False,
+            decode_content=False,
+        ),
+        route.limit,
+        deadline,
     )
 
 
@@ -128,16 +174,21 @@ def exchange(
     the route has one, else straight to the origin's pool (:func:`_via_origin`, also through a
     CONNECT tunnel).
     """
+    deadline = attempt_deadline(timeout)
     try:
         if route.direct is not None:
-            response = _Response(*route.direct.exchange(method, target, body, headers, timeout))
+            status, reply_headers, raw = route.direct.exchange(
+                method, target, body, headers, timeout, deadline
+            )
+            content = decode(raw, reply_headers.get("content-encoding", ""), route.limit)
+            response = _Response(status, reply_headers, content)
         elif route.forward:
-            response = _via_manager(route, method, url, body, headers, timeout)
+            response = _via_manager(route, method, url, body, headers, timeout, deadline)
         else:
-            response = _via_origin(route, method, target, body, headers, timeout)
+            response = _via_origin(route, method, target, body, headers, timeout, deadline)
         if not follow_redirects:
             return response, url
-        return _follow(route, method, url, body, headers, timeout, response)
+        return _follow(route, method, url, body, headers, timeout, deadline, response)
     finally:
         route.tracker.end()
 
@@ -149,6 +200,7 @@ def _follow(
     body: bytes | None,
     headers: dict[str, str],
     timeout: Timeout,
+    deadline: float | None,
     response: _Response,
 ) -> tuple[_Response, str]:
     redirects = 0
@@ -173,7 +225,7 @@ def _follow(
         if _crosses_origin(url, new_url):
             headers = {k: v for k, v in headers.items() if not is_secret_header(k)}
         url = new_url
-        response = _via_manager(route, method, url, body, headers, timeout)
+        response = _via_manager(route, method, url, body, headers, timeout, deadline)
     return response, url
 
 

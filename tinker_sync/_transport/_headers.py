@@ -10,9 +10,8 @@ from __future__ import annotations
 import platform
 from collections.abc import Mapping
 
-from urllib3.util import make_headers
-
 from tinker_sync._config import PROTOCOL_VERSION
+from tinker_sync._transport._replies import ACCEPT_ENCODING
 from tinker_sync._version import __version__
 
 USER_AGENT = f"tinker-sync/{__version__} (protocol {PROTOCOL_VERSION})"
@@ -39,10 +38,7 @@ def _platform_headers() -> dict[str, str]:
 
 
 _PLATFORM_HEADERS = _platform_headers()
-_ACCEPT_ENCODING = ", ".join(
-    part.strip() for part in make_headers(accept_encoding=True)["accept-encoding"].split(",")
-)
-_BASE_HEADERS = {"Accept-Encoding": _ACCEPT_ENCODING, "User-Agent": USER_AGENT, **_PLATFORM_HEADERS}
+_BASE_HEADERS = {"Accept-Encoding": ACCEPT_ENCODING, "User-Agent": USER_AGENT, **_PLATFORM_HEADERS}
 """Headers every request carries, in order, after ``Accept``."""
 _PROTO = "application/x-protobuf"
 _JSON = "application/json"

@@ -23,6 +23,7 @@ from tinker_sync._runtime.fork import current_pid, make_lock, register_after_for
 from tinker_sync._transport._connection import _InflightTracker, use_sdk_connections
 from tinker_sync._transport._direct import DirectPool, direct_pool
 from tinker_sync._transport._models import DEFAULT_POOL_SIZES, Pool
+from tinker_sync._transport._replies import max_reply_bytes
 from tinker_sync._transport._settings import (
     Verify,
     _environment_settings,
@@ -74,9 +75,12 @@ class _Route:
         self.origin = manager.connection_from_url(base_url)
         self.tracker = tracker if tracker is not None else _InflightTracker()
         use_sdk_connections(self.origin, self.tracker)
+        self.limit = max_reply_bytes()  # the reply cap, both paths (docs/transport.md)
         self.direct: DirectPool | None = None
         if proxy is None:
-            self.direct = direct_pool(base_url, size, verify, socket_options(pool), self.tracker)
+            self.direct = direct_pool(
+                base_url, size, verify, socket_options(pool), self.tracker, self.limit
+            )
 
     def close(self) -> None:
         """Close every connection now (urllib3 2 leaves pools open until collected)."""
