@@ -1086,12 +1086,28 @@ def test_header_values_with_line_breaks_are_refused_before_sending(stub: Stub) -
     [
         ({"X-A": "a\r\nX-Injected: 1"}, "header 'X-A': value contains CR, LF or NUL"),
         ({"Bad Name": "v"}, "header name 'Bad Name'"),
+        # framing and connection headers: the transport's alone (two would be a smuggling shape)
+        ({"Content-Length": "0"}, "header 'Content-Length' cannot be set"),
+        ({"transfer-encoding": "chunked"}, "header 'transfer-encoding' cannot be set"),
+        ({"Connection": "close"}, "header 'Connection' cannot be set"),
+        ({"Upgrade": "h2c"}, "header 'Upgrade' cannot be set"),
+        ({"TE": "trailers"}, "header 'TE' cannot be set"),
+        ({"Trailer": "X-A"}, "header 'Trailer' cannot be set"),
+        ({"Keep-Alive": "timeout=5"}, "header 'Keep-Alive' cannot be set"),
     ],
 )
 def test_unsendable_user_headers_fail_at_construction(overrides: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message) as info:
         config_for("http://127.0.0.1:1", default_headers_overrides=overrides)
     assert "X-Injected" not in str(info.value)  # the value (maybe a secret) is not echoed
+    with pytest.raises(ValueError, match=message):
+        config_for("http://127.0.0.1:1", default_headers=overrides)
+
+
+def test_a_configured_host_header_replaces_the_default_one(stub: Stub) -> None:
+    with transport_for(stub.url, default_headers_overrides={"Host": "tinker.example.com"}) as t:
+        t.send_once(post())
+    assert [v for k, v in stub.seen[-1].lines if k.lower() == "host"] == ["tinker.example.com"]
 
 
 def test_303_redirect_becomes_a_get_without_body(stub: Stub) -> None:

@@ -292,6 +292,12 @@ def parse_stall_timeout(value: str | None) -> float:
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_BREAK = re.compile(r"[\r\n\x00]")
+_FRAMING_HEADERS = frozenset(
+    {"content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer", "keep-alive"}
+)
+"""Headers the transport alone writes (message framing and connection management): a user's
+copy would send two framing headers, a request-smuggling shape (docs/transport.md). ``Host``
+is allowed: it replaces the default one, never adds a second."""
 
 
 def _merge_headers(*layers: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
@@ -303,6 +309,11 @@ def _merge_headers(*layers: Mapping[str, str] | None) -> tuple[tuple[str, str], 
                 raise TypeError("header names and values must be str")
             if not _HEADER_NAME.fullmatch(name):
                 raise ValueError(f"header name {name!r} is not a valid HTTP header name")
+            if name.lower() in _FRAMING_HEADERS:
+                raise ValueError(
+                    f"header {name!r} cannot be set: the transport writes the message framing "
+                    "and connection headers itself"
+                )
             if _HEADER_BREAK.search(value):
                 # The value may be a secret: name the header, never echo the value.
                 raise ValueError(f"header {name!r}: value contains CR, LF or NUL")

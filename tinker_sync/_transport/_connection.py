@@ -12,15 +12,19 @@ Thread safety: see each class.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import socket
 import threading
+import time
 from collections.abc import Collection
 from typing import Any
 
 import urllib3.exceptions
 from urllib3.connectionpool import HTTPConnectionPool
 
-from tinker_sync._runtime.fork import make_lock
+from tinker_sync._runtime.clock import SYSTEM_CLOCK
+from tinker_sync._runtime.fork import make_condition, make_lock, register_after_fork
 
 
 class _InflightTracker:
@@ -173,3 +177,102 @@ def use_sdk_connections(pool: HTTPConnectionPool, tracker: _InflightTracker) -> 
     """Make the connections ``pool`` opens from now on :class:`_SdkConnection` objects."""
     base = pool.ConnectionCls
     pool.ConnectionCls = type(f"Sdk{base.__name__}", (_SdkConnection, base), {"tracker": tracker})
+
+
+class _Watch:
+    """One attempt on the urllib3 path, cut at ``deadline`` if still in flight (``fired``)."""
+
+    __slots__ = ("active", "deadline", "fired", "ident", "tracker")
+
+    def __init__(self, deadline: float, tracker: _InflightTracker) -> None:
+        self.deadline = deadline
+        self.tracker = tracker
+        self.ident = threading.get_ident()
+        self.active = True
+        self.fired = False
+
+    def __lt__(self, other: _Watch) -> bool:
+        return self.deadline < other.deadline
+
+
+class DeadlineWatch:
+    """Cuts urllib3-path attempts at their deadline: shuts down the socket the attempt's
+    thread has in flight, so a peer dripping bytes cannot hold a call past it (urllib3 reads
+    the header block inside ``urlopen``, where the SDK cannot look at the time itself).
+
+    Usage::
+
+        watch = DEADLINES.start(deadline, tracker)   # deadline: a time.monotonic() value
+        try:
+            ...                                      # the exchange
+        finally:
+            DEADLINES.stop(watch)
+        watch.fired                                  # True: it was cut at the deadline
+
+    One daemon thread (``tinker_sync-deadline-<n>``) while attempts are watched; it exits after
+    a second with none. Thread safety: thread-safe. Fork safety: a child starts afresh.
+    """
+
+    IDLE_EXIT_S = 1.0
+
+    def __init__(self) -> None:
+        self._cond = make_condition()
+        self._heap: list[_Watch] = []
+        self._active = 0
+        self._running = False
+        self._names = itertools.count(1)
+
+    def start(self, deadline: float, tracker: _InflightTracker) -> _Watch:
+        watch = _Watch(deadline, tracker)
+        with self._cond:
+            heapq.heappush(self._heap, watch)
+            self._active += 1
+            if self._heap[0] is watch:
+                self._cond.notify()
+            if not self._running:
+                self._running = True
+                name = f"tinker_sync-deadline-{next(self._names)}"
+                threading.Thread(target=self._run, name=name, daemon=True).start()
+        return watch
+
+    def stop(self, watch: _Watch) -> None:
+        with self._cond:
+            if not watch.active:
+                return
+            watch.active = False
+            self._active -= 1
+            if len(self._heap) > 64 and len(self._heap) > 4 * self._active:
+                self._heap = [w for w in self._heap if w.active]  # drop finished attempts
+                heapq.heapify(self._heap)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and not self._heap[0].active:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    if not SYSTEM_CLOCK.wait(self._cond, self.IDLE_EXIT_S) and not self._heap:
+                        self._running = False
+                        return
+                    continue
+                first = self._heap[0]
+                delay = first.deadline - time.monotonic()
+                if delay > 0:
+                    SYSTEM_CLOCK.wait(self._cond, delay)
+                    continue
+                heapq.heappop(self._heap)
+                first.active = False
+                first.fired = True
+                self._active -= 1
+                first.tracker.abort_threads([first.ident])  # under the lock: see stop()
+
+    def reset_in_child(self) -> None:
+        self._cond = make_condition()
+        self._heap = []
+        self._active = 0
+        self._running = False
+
+
+DEADLINES = DeadlineWatch()
+"""The process's deadline watch for urllib3-path attempts."""
+register_after_fork(DEADLINES.reset_in_child)

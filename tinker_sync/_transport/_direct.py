@@ -56,7 +56,7 @@ import urllib3.exceptions
 
 from tinker_sync._runtime.fork import make_lock
 from tinker_sync._transport._connection import COALESCE_LIMIT, setup_timeout
-from tinker_sync._transport._replies import ReplyProtocolError, too_large
+from tinker_sync._transport._replies import ReplyProtocolError, check_length, too_large
 from tinker_sync._transport._settings import Verify, ca_locations
 
 try:
@@ -217,6 +217,12 @@ class _Reply:
                 )
             return
         self.final = True
+        declared = self.headers.get("content-length")
+        if declared is not None and not self.bodiless and status not in (204, 304):
+            try:
+                check_length(declared, self.limit)  # refused before its body is read
+            except Exception as exc:
+                raise self._stop(exc) from None
         if self.bodiless or status in (204, 304):
             # The reply ends with its header block, whatever it declares (some parser
             # versions would read a declared body): anything after it is left over.

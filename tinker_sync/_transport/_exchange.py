@@ -30,10 +30,12 @@ from urllib3.util import Retry
 
 from tinker_sync._config import Timeout
 from tinker_sync._runtime.redact import is_secret_header
+from tinker_sync._transport._connection import DEADLINES
 from tinker_sync._transport._pools import _Route
 from tinker_sync._transport._replies import (
     ReplyProtocolError,
     attempt_deadline,
+    check_length,
     decode,
     too_large,
 )
@@ -73,8 +75,13 @@ def _read(response: BaseHTTPResponse, limit: int, deadline: float | None) -> _Re
     try:
         if response.status == 101:
             raise ReplyProtocolError("unexpected 101 Switching Protocols (no upgrade was asked)")
-        if "content-length" in headers and "transfer-encoding" in headers:
-            raise ReplyProtocolError("reply has both Content-Length and Transfer-Encoding")
+        if response.status < 200:  # http.client skips only 100 Continue, e.g. not a 103
+            raise ReplyProtocolError(f"interim reply {response.status} where a reply was due")
+        declared = headers.get("content-length")
+        if declared is not None and response.status not in (204, 304):
+            if "transfer-encoding" in headers:
+                raise ReplyProtocolError("reply has both Content-Length and Transfer-Encoding")
+            check_length(declared, limit)
         parts: list[bytes] = []
         size = 0
         while True:
@@ -175,21 +182,33 @@ def exchange(
     CONNECT tunnel).
     """
     deadline = attempt_deadline(timeout)
+    watch = None
     try:
-        if route.direct is not None:
+        if route.direct is not None:  # bounds its own reads by the deadline
             status, reply_headers, raw = route.direct.exchange(
                 method, target, body, headers, timeout, deadline
             )
             content = decode(raw, reply_headers.get("content-encoding", ""), route.limit)
             response = _Response(status, reply_headers, content)
-        elif route.forward:
-            response = _via_manager(route, method, url, body, headers, timeout, deadline)
-        else:
-            response = _via_origin(route, method, target, body, headers, timeout, deadline)
+            if response.status not in _REDIRECT_STATUSES or not follow_redirects:
+                return response, url
+        if deadline is not None:
+            watch = DEADLINES.start(deadline, route.tracker)
+        if route.direct is None:
+            if route.forward:
+                response = _via_manager(route, method, url, body, headers, timeout, deadline)
+            else:
+                response = _via_origin(route, method, target, body, headers, timeout, deadline)
         if not follow_redirects:
             return response, url
         return _follow(route, method, url, body, headers, timeout, deadline, response)
+    except Exception as exc:
+        if watch is not None and watch.fired:
+            raise TimeoutError("the reply did not complete within the attempt deadline") from exc
+        raise
     finally:
+        if watch is not None:
+            DEADLINES.stop(watch)
         route.tracker.end()
 
 

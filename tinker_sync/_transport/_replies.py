@@ -80,6 +80,16 @@ def attempt_deadline(timeout: Timeout) -> float | None:
     return time.monotonic() + (timeout.connect or 0.0) + DEADLINE_READS * timeout.read
 
 
+def check_length(declared: str, limit: int) -> None:
+    """Refuse a reply whose ``Content-Length`` is repeated, unreadable or above ``limit``
+    before reading its body (raises ``ReplyProtocolError`` or ``ReplyTooLargeError``)."""
+    value = declared.strip()
+    if not value.isdigit():  # "5, 5" (repeated), "-1", "x": a smuggling shape or garbage
+        raise ReplyProtocolError(f"reply has an invalid Content-Length {value[:40]!r}")
+    if len(value) > 20 or int(value) > limit:
+        raise too_large(limit, "Content-Length")
+
+
 def too_large(limit: int, what: str) -> ReplyTooLargeError:
     return ReplyTooLargeError(f"reply {what} is larger than the {limit}-byte cap ({MAX_REPLY_ENV})")
 
