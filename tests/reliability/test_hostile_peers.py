@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from tinker_sync._runtime.clock import FakeClock
 from tinker_sync._config import ClientConfig, Timeout
 from tinker_sync._credentials import StaticKeyAuth
+from tinker_sync._runtime.clock import FakeClock
 from tinker_sync._transport import Pool, RequestSpec, Transport, _replies
 from tinker_sync.exceptions import (
     APIConnectionError,
