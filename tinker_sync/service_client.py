@@ -305,7 +305,7 @@ class ServiceClient:
                 json={"model_id": model_id, "type": "get_info"},
             )
         )
-        info = from_json(GetInfoResponse, reply.json())
+        info = reply.parse(GetInfoResponse)
         tokenizer_id = info.model_data.tokenizer_id
         if tokenizer_id and ":" in tokenizer_id:
             info = info.model_copy(

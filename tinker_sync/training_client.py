@@ -108,10 +108,6 @@ def _with_seq_id(body: bytes, seq_id: int) -> bytes:
     return body + b"\x10" + uvarint(seq_id)
 
 
-def _request_id(reply_json: Any) -> UntypedAPIFuture:
-    return from_json(UntypedAPIFuture, reply_json)
-
-
 class TrainingClient:
     """A training run (``model_id``). Calls return APIFutures and leave in call order.
 
@@ -200,7 +196,7 @@ class TrainingClient:
     def _submit(self, spec: RequestSpec, seq_id: int) -> str:
         # A repeated seq_id gets the original future back, so a slow send may be hedged.
         reply = self._session.request(spec, hedge=True)
-        request_id = _request_id(reply.json()).request_id
+        request_id = reply.parse(UntypedAPIFuture).request_id
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s seq_id %d accepted as %s",

@@ -423,3 +423,39 @@ def test_every_offered_coding_is_decoded_and_an_unknown_one_is_a_typed_error(
         send()
     for head in hostile.heads:
         assert b"\r\naccept-encoding: gzip, deflate\r\n" in head.lower() + b"\r\n"
+
+
+# -- wrong-typed JSON ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ["asample", "forward_backward"])
+def test_a_wrong_typed_accept_reply_is_a_tinker_error(endpoint: str) -> None:
+    """A 200 whose JSON does not fit (``request_id`` a number) fails the call with
+    APIResponseValidationError (a TinkerError, outcome UNKNOWN), not a raw WireValidationError."""
+    from reliability_helpers import HANG, datum, prompt
+
+    import tinker_sync
+    from tinker_sync import types
+    from tinker_sync.exceptions import APIResponseValidationError
+    from tinker_sync.local import LocalServer
+
+    with LocalServer(backend="instant") as server:
+        server.faults.add(f"{endpoint} 200 x* body={{\"request_id\":5}}")
+        service = tinker_sync.ServiceClient(
+            base_url=server.url, api_key=server.api_key, max_retries=0
+        )
+        try:
+            if endpoint == "asample":
+                sampler = service.create_sampling_client(base_model="base")
+                params = types.SamplingParams(max_tokens=2)
+                future = sampler.sample(prompt(1), num_samples=1, sampling_params=params)
+            else:
+                trainer = service.create_lora_training_client(base_model="base")
+                future = trainer.forward_backward([datum(1)], "cross_entropy")
+            with pytest.raises(TinkerError) as info:
+                future.result(timeout=HANG)
+        finally:
+            service.close()
+    assert isinstance(info.value, APIResponseValidationError), repr(info.value)
+    assert info.value.outcome is RequestOutcome.UNKNOWN
+    assert "request_id" in str(info.value)

@@ -43,7 +43,6 @@ from tinker_sync._transport import (
     emit_hook,
 )
 from tinker_sync._wire import _jsonresults, _proto
-from tinker_sync._wire._converter import from_json
 from tinker_sync.exceptions import (
     APIResponseValidationError,
     APIStatusError,
@@ -280,7 +279,7 @@ class SampleJob:
             reply = send_with_retries(
                 transport, self.spec, max_retries=0, send=session.hedged_send(transport)
             )
-            accepted = from_json(UntypedAPIFuture, reply.json())
+            accepted = reply.parse(UntypedAPIFuture)
         except APIStatusError as exc:
             if exc.status_code == 429 or (
                 exc.status_code == 402

@@ -14,7 +14,7 @@ import enum
 import json as _json
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 
@@ -26,6 +26,8 @@ from tinker_sync.exceptions import (
     RequestSnapshot,
     ResponseSnapshot,
 )
+
+T = TypeVar("T")
 
 
 class Pool(str, enum.Enum):
@@ -185,13 +187,28 @@ class Reply:
         """The body parsed as JSON; :class:`APIResponseValidationError` when it is not JSON."""
         try:
             return _json.loads(self.content)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the stack
             raise APIResponseValidationError(
                 f"{self.method} {self.url}: response body is not JSON "
                 f"(status {self.status}, {len(self.content)} bytes)",
                 response=self.snapshot(),
                 request=self.request,
             ) from None
+
+    def parse(self, cls: type[T]) -> T:
+        """The JSON body converted to ``cls``; :class:`APIResponseValidationError` (a
+        TinkerError, outcome UNKNOWN) when it is not JSON or does not fit ``cls``."""
+        from tinker_sync._wire._converter import from_json
+
+        data = self.json()
+        try:
+            return from_json(cls, data)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise APIResponseValidationError(
+                f"{self.method} {self.url}: unexpected reply: {exc}"[:2000],
+                response=self.snapshot(),
+                request=self.request,
+            ) from exc
 
     def snapshot(self) -> ResponseSnapshot:
         """A redacted, picklable copy for exceptions."""
