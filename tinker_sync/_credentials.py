@@ -76,13 +76,13 @@ class Secret:
     Thread safety: immutable. Fork safety: plain data.
     """
 
-    __slots__ = ("_value",)
+    __slots__ = ("__weakref__", "_value")
 
     def __init__(self, value: str) -> None:
         if not isinstance(value, str):
             raise TypeError("Secret value must be a str")
         self._value = value
-        register_secret(value)
+        register_secret(value, holder=self)  # forgotten once the last Secret of it is gone
 
     def reveal(self) -> str:
         """Return the secret value. Never log or embed the result."""

@@ -421,7 +421,7 @@ def test_child_survives_the_secret_registry_lock_held_at_fork(
 
     ``tinker_sync._runtime.redact._lock`` guards ``register_secret``, which runs whenever a
     credential is resolved (every ``Secret``), when a JWT is refreshed and on ``copy_weights``
-    with a token, so a parent thread can hold it at any moment. It is a plain ``threading.Lock`` with
+    with a token, so a parent thread can hold it at any moment. It is a plain ``threading.RLock`` with
     no after-fork reset, unlike the SDK's other locks.
 
     See docs/design/behavior.md#fork-detection.

@@ -459,3 +459,14 @@ def test_a_wrong_typed_accept_reply_is_a_tinker_error(endpoint: str) -> None:
     assert isinstance(info.value, APIResponseValidationError), repr(info.value)
     assert info.value.outcome is RequestOutcome.UNKNOWN
     assert "request_id" in str(info.value)
+
+
+def test_json_nested_deeper_than_the_stack_is_a_validation_error(
+    hostile: Hostile, send: Callable[..., Any]
+) -> None:
+    from tinker_sync.exceptions import APIResponseValidationError
+
+    depth = 200_000
+    hostile.script(reply(b"[" * depth + b"]" * depth))
+    with pytest.raises(APIResponseValidationError, match="not JSON"):
+        send().json()

@@ -25,6 +25,7 @@ import logging
 import pickle
 import secrets
 import string
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -215,3 +216,80 @@ def test_no_secret_leaks_anywhere(
                     )
                     break
     assert not leaks, "\n".join(leaks[:10])
+
+
+def _escaped_echoes(key: str) -> dict[str, str]:
+    return {
+        "JSON \\u escapes": "".join(f"\\u{ord(c):04x}" if c in "tml" else c for c in key),
+        "URL-encoding": "".join(f"%{b:02X}" for b in key.encode()),
+        "base64": base64.b64encode(f"Bearer {key}".encode()).decode(),
+    }
+
+
+@pytest.mark.parametrize("form", list(_escaped_echoes("x")))
+def test_a_key_echoed_back_escaped_is_scrubbed_from_the_error(form: str) -> None:
+    """A server echoing the key in an error body, escaped: neither the exception's ``.body``,
+    its message nor its pickle holds the key or the escaped echo."""
+    key = fake_secret("tml-")
+    echo = _escaped_echoes(key)[form]
+    with LocalServer(backend="instant", api_key=None) as server:
+        server.faults.add(f"training_runs 400 x* body='{{\"detail\": \"bad key {echo}\"}}'")
+        service = tinker_sync.ServiceClient(base_url=server.url, api_key=key, max_retries=0)
+        try:
+            with pytest.raises(tinker_sync.BadRequestError) as info:
+                service.create_rest_client().list_training_runs().result(timeout=HANG)
+        finally:
+            service.close()
+    exc = info.value
+    for text in (repr(exc.body), str(exc), repr(pickle.loads(pickle.dumps(exc)).body)):
+        plain = urllib.parse.unquote(text.encode().decode("unicode_escape"))
+        assert key not in plain and echo not in text, text
+        assert key[4:16] not in plain
+    assert "<redacted>" in str(exc)
+
+
+def _reachable_from_modules(value: str) -> list[str]:
+    """Module globals (by module and name) from which a str containing ``value`` is reachable."""
+    import gc
+    import sys
+
+    found: list[str] = []
+    seen: set[int] = set()
+    for name, module in list(sys.modules.items()):
+        if module is None or name == __name__:
+            continue
+        for attr, start in list(vars(module).items()):
+            stack = [start]
+            while stack:
+                obj = stack.pop()
+                if id(obj) in seen:
+                    continue
+                seen.add(id(obj))
+                if isinstance(obj, str):
+                    if value in obj:
+                        found.append(f"{name}.{attr}")
+                    continue
+                if isinstance(obj, (bytes, int, float, type(None))):
+                    continue
+                stack.extend(gc.get_referents(obj))
+    return found
+
+
+def test_no_secret_is_reachable_from_a_module_global_once_its_client_is_closed() -> None:
+    import gc
+
+    from tinker_sync._runtime import redact
+
+    key = fake_secret("tml-")
+
+    def use_and_close() -> None:
+        with LocalServer(backend="instant", api_key=None) as server:
+            service = tinker_sync.ServiceClient(base_url=server.url, api_key=key)
+            service.create_rest_client().list_training_runs().result(timeout=HANG)
+            assert key in redact._known  # scrubbed while a client holds it
+            service.close()
+
+    use_and_close()
+    gc.collect()
+    assert key not in redact._known
+    assert _reachable_from_modules(key) == []
