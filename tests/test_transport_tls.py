@@ -7,6 +7,7 @@ when it is not installed); the server is the stdlib ``http.server`` behind ``ssl
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import threading
@@ -172,3 +173,98 @@ def test_local_server_serves_https_to_the_client(
                 out = sampler.sample(prompt, 1, params).result(60)
                 assert 0 < len(out.sequences[0].tokens) <= 4
         assert server.requests.count("asample") == 3
+
+
+def _pki_for(name: str, directory: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate valid for the DNS name ``name`` only."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(subject: str, key: Any, issuer: Any, signer: Any, ca: bool) -> Any:
+        subject_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject_name)
+            .issuer_name(issuer or subject_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False
+            )
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, server_key = (
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
+    ca = cert("hostname test CA", ca_key, None, ca_key, True)
+    server = cert(name, server_key, ca.subject, ca_key, False)
+    pem = serialization.Encoding.PEM
+    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    paths[0].write_bytes(ca.public_bytes(pem))
+    paths[1].write_bytes(server.public_bytes(pem))
+    paths[2].write_bytes(
+        server_key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return paths
+
+
+@contextlib.contextmanager
+def _tls_server(cert: Path, key: Path, **context_options: Any) -> Iterator[Any]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    server.seen = []  # type: ignore[attr-defined]
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    for name, value in context_options.items():
+        setattr(context, name, value)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(30)
+
+
+def test_a_certificate_for_another_host_is_a_never_sent_connect_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A certificate the CA bundle trusts, but issued for another name: the hostname check
+    fails on both paths, before anything is sent."""
+    ca, cert, key = _pki_for("tinker.example.com", tmp_path)
+    with _tls_server(cert, key) as server:
+        error = _never_sent(server, monkeypatch, ca)
+    assert "127.0.0.1" in str(error) or "match" in str(error).lower(), str(error)
+    assert KEY not in str(error)
+
+
+def test_a_server_offering_only_tls_below_1_2_is_a_never_sent_connect_error(
+    pki: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both paths require TLS 1.2 or newer: a server capped at TLS 1.1 gets no request."""
+    ca, cert, key = pki
+    options = {"minimum_version": ssl.TLSVersion.MINIMUM_SUPPORTED}
+    with _tls_server(cert, key, maximum_version=ssl.TLSVersion.TLSv1_1, **options) as server:
+        _never_sent(server, monkeypatch, ca)
+    with _tls_server(cert, key, maximum_version=ssl.TLSVersion.TLSv1_2) as server:
+        t = _transport(f"https://127.0.0.1:{server.server_address[1]}", monkeypatch, ca)
+        try:
+            assert t.send_once(_post()).status == 200  # 1.2 itself is accepted
+        finally:
+            t.close()
