@@ -51,9 +51,11 @@ pytestmark = pytest.mark.soak
 
 PRODUCERS = 4
 MIN_TRAIN_STEPS = 60
-#: Pool workers are process-wide and exit after 30 s idle (tinker_sync._runtime.executor).
+#: Pool workers are process-wide and exit after 30 s idle (tinker_sync._runtime.executor); so
+#: does the urllib3 path's deadline watch, after 1 s (tinker_sync._transport._connection).
 POOL_THREAD = re.compile(
-    r"^tinker_sync-(sample-submit|sample-poll|train-submit|train-poll|rest|async|hedge|timer)-\d+$"
+    r"^tinker_sync-(sample-submit|sample-poll|train-submit|train-poll|rest|async|hedge|timer"
+    r"|deadline)-\d+$"
 )
 IDLE_EXIT_BOUND = 45.0
 
