@@ -34,7 +34,7 @@ from reliability_helpers import HANG, datum, prompt, wait_all
 
 import tinker_sync
 from tinker_sync import types
-from tinker_sync.local import LocalServer
+from tinker_sync.local import Fault, LocalServer
 
 FAULTS = [
     "asample 503 x1",  # retried by the submission loop
@@ -233,7 +233,8 @@ def test_a_key_echoed_back_escaped_is_scrubbed_from_the_error(form: str) -> None
     key = fake_secret("tml-")
     echo = _escaped_echoes(key)[form]
     with LocalServer(backend="instant", api_key=None) as server:
-        server.faults.add(f"training_runs 400 x* body='{{\"detail\": \"bad key {echo}\"}}'")
+        raw = '{"detail": "bad key ' + echo + '"}'  # sent as is: the escapes reach the client
+        server.faults.add(Fault(endpoint="training_runs", status=400, body=raw, times=None))
         service = tinker_sync.ServiceClient(base_url=server.url, api_key=key, max_retries=0)
         try:
             with pytest.raises(tinker_sync.BadRequestError) as info:
