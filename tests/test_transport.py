@@ -1310,3 +1310,25 @@ def test_status_errors_keep_the_servers_words_bounded_with_the_request_id() -> N
     assert text.startswith("Error code: 500 - {'detail': 'xxx")
     assert len(text) < 2100 and text.endswith("... (request id rq-42)")
     assert err.response.request_id == "rq-42" and err.body == {"detail": long_detail}
+
+
+def test_a_redirect_to_a_signed_link_is_logged_without_its_query(
+    stub: Stub, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DEBUG reply lines show a Location's path, never its query (a signed URL's signature)."""
+    signature = "c2lnbmF0dXJlLW9mLWEtc2lnbmVkLWxpbms"
+    link = f"https://storage.example.com/ckpt/archive.tar?X-Amz-Signature={signature}&e=1"
+    stub.script(
+        "/api/v1/x",
+        (
+            "raw",
+            f"HTTP/1.1 302 Found\r\nLocation: {link}\r\nContent-Length: 0\r\n\r\n".encode(),
+            True,
+        ),
+    )
+    caplog.set_level(logging.DEBUG, logger="tinker_sync")
+    with transport_for(stub.url) as t:
+        reply = t.send_once(get(follow_redirects=False))
+    assert reply.status == 302 and reply.headers["location"] == link  # the caller gets it whole
+    assert "storage.example.com/ckpt/archive.tar" in caplog.text
+    assert signature not in caplog.text

@@ -51,6 +51,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 from tinker_sync._paths import CheckpointPath, parse_checkpoint_path
 from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
+from tinker_sync._runtime.redact import url_without_query
 from tinker_sync.exceptions import (
     APIConnectionError,
     APIStatusError,
@@ -496,12 +497,6 @@ def _repr_digest(headers: requests.structures.CaseInsensitiveDict[str]) -> bytes
     return None
 
 
-def _without_query(url: str) -> str:
-    """``url`` for a log line: no query string (a signed URL's signature) and no user info."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
-
-
 def _hide_query(body: bytes, url: str) -> bytes:
     """``body`` with every query value of ``url`` (a signature, a credential) replaced."""
     for _, value in parse_qsl(urlsplit(url).query):
@@ -633,7 +628,7 @@ class _Fetcher:
                     log.info(
                         "fetching %s from %s failed (%s); retrying in %.1f s",
                         name,
-                        _without_query(url),
+                        url_without_query(url),
                         error,
                         delay,
                     )

@@ -145,7 +145,27 @@ def scrub(text: str) -> str:
     return _SECRET_VALUE.sub(REDACTED, text)
 
 
+#: Headers whose value is a URL: a redirect to a signed link carries its signature in the query.
+_URL_HEADERS = frozenset({"location", "content-location"})
+
+
+def url_without_query(url: str) -> str:
+    """``url`` for a log line: no query string (a signed URL's signature) and no user info."""
+    parts = urllib.parse.urlsplit(url)
+    origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}" if parts.netloc else ""
+    return origin + parts.path
+
+
 def redact_headers(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
-    """Copy ``headers`` with the values of secret-looking names replaced by ``<redacted>``."""
+    """Copy ``headers`` with the values of secret-looking names replaced by ``<redacted>``
+    and URL-valued ones (``Location``) without their query."""
     items = headers.items() if isinstance(headers, Mapping) else headers
-    return {k: (REDACTED if is_secret_header(k) else scrub(str(v))) for k, v in items}
+    return {k: _redacted_value(k, str(v)) for k, v in items}
+
+
+def _redacted_value(name: str, value: str) -> str:
+    if is_secret_header(name):
+        return REDACTED
+    if name.lower() in _URL_HEADERS and "?" in value:
+        return scrub(url_without_query(value) + "?" + REDACTED)
+    return scrub(value)
