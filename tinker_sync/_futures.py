@@ -8,7 +8,9 @@ Usage::
     out = await fut                         # also awaitable
 
 Thread safety: safe to share between threads; completion happens on SDK threads, outside every
-SDK lock, and callbacks run on the completing thread. Fork safety: a future still pending when
+SDK lock, and callbacks run on the completing thread. Exit: when the interpreter starts to exit,
+futures still pending fail with :class:`ClientClosedError`, so threads blocked in ``result()``
+return (docs/design/behavior.md#fast-interpreter-exit). Fork safety: a future still pending when
 the process forks fails at once in the child with :class:`ForkedProcessError`.
 """
 
@@ -24,8 +26,9 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from tinker_sync._runtime.clock import register_exit_callback
 from tinker_sync._runtime.fork import register_after_fork
-from tinker_sync.exceptions import ForkedProcessError
+from tinker_sync.exceptions import ClientClosedError, ForkedProcessError, RequestOutcome
 
 if TYPE_CHECKING:
     from tinker_sync._runtime.executor import Claimable
@@ -315,6 +318,29 @@ def fail_pending(exc_factory: Callable[[APIFuture[Any]], BaseException], owner: 
         if getattr(fut, "_owner", None) is owner and fut._fail(exc_factory(fut)):
             n += 1
     return n
+
+
+def _exit_error(fut: APIFuture[Any]) -> ClientClosedError:
+    what = fut._description or "an operation"
+    rid = f" (request_id={fut.request_id})" if fut._request_ids else ""
+    return ClientClosedError(
+        f"the interpreter is exiting: {what}{rid} was still pending and cannot complete "
+        "(the request may still run on the server); wait for the results you need before "
+        "the main thread returns",
+        outcome=RequestOutcome.UNKNOWN if fut._request_ids else RequestOutcome.NOT_SENT,
+    )
+
+
+def _fail_pending_at_exit() -> None:
+    # Interpreter exit (docs/design/behavior.md#fast-interpreter-exit): the SDK's polls stop,
+    # so a thread blocked in result() would wait forever and the interpreter's join of
+    # non-daemon threads (a user's ThreadPoolExecutor) with it. Fail what cannot complete.
+    for fut in pending_futures():
+        if not isinstance(fut, AwaitableConcurrentFuture):  # follows a user's own future
+            fut._fail(_exit_error(fut))
+
+
+register_exit_callback(_fail_pending_at_exit)
 
 
 def _after_fork_in_child() -> None:
