@@ -40,7 +40,10 @@ def finish(proc: subprocess.Popen[str], limit: float) -> tuple[int | None, float
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, err = proc.communicate()
+        try:  # a grandchild that outlived it may still hold the pipes open
+            out, err = proc.communicate(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            out, err = "", "(pipes held open by a surviving grandchild)"
         code = None
     return code, time.monotonic() - started, out, err
 
@@ -119,3 +122,78 @@ def test_exit_with_64_threads_blocked_in_result(held_server: LocalServer, how: s
     assert code == (-signal.SIGINT if how == "sigint" else 3), err
     assert took < 2.0
     assert out.splitlines() == ["ClientClosedError True"] * 64, err
+
+
+# ------------------------------------------------------------------------ tinker-sync exec
+
+_HANDLER_PROGRAM = r"""
+import os, signal, sys, threading
+def handler(signum, frame):
+    os.write(1, f"got {signum} alias={os.environ.get('TINKER_SYNC_ALIAS')}\n".encode())
+    os._exit(100 + signum)
+for name in sys.argv[1:]:
+    signal.signal(getattr(signal, name), handler)
+os.write(1, b"ready\n")
+threading.Event().wait(30)
+os._exit(1)
+"""
+
+_EXEC_SIGNALS = ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"]
+
+
+def start_exec(*program_args: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tinker_sync", "exec", "--", sys.executable, "-c", _HANDLER_PROGRAM]
+        + list(program_args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+@pytest.mark.parametrize("name", _EXEC_SIGNALS)
+def test_exec_delivers_every_signal_to_the_program(name: str) -> None:
+    """A supervisor's signal sent to the pid it started reaches the program, which handles it
+    and exits; its exit status comes back unchanged."""
+    signum = getattr(signal, name)
+    proc = start_exec(*_EXEC_SIGNALS)
+    proc.send_signal(signum)
+    code, _, out, err = finish(proc, 10.0)
+    assert out == f"got {signum} alias=1\n", err
+    assert code == 100 + signum
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1"])
+def test_exec_passes_death_by_signal_through(name: str) -> None:
+    """A program killed by a signal (default handler) looks killed by it to the supervisor."""
+    signum = getattr(signal, name)
+    proc = start_exec()
+    proc.send_signal(signum)
+    code, _, _, err = finish(proc, 10.0)
+    assert code == -signum, err
+
+
+def test_exec_under_timeout_stops_the_program(tmp_path: object) -> None:
+    """``timeout --foreground 1 tinker-sync exec -- prog`` (signals only the pid it started, as
+    docker, Kubernetes and systemd's main-pid stop do): the program gets the SIGTERM (it used to
+    run on after the wrapper died) and timeout reports 124."""
+    import shutil
+
+    if shutil.which("timeout") is None:
+        pytest.skip("no timeout(1)")
+    proc = subprocess.Popen(
+        ["timeout", "--foreground", "-s", "TERM", "1", sys.executable, "-m", "tinker_sync", "exec", "--"]
+        + [sys.executable, "-c", _HANDLER_PROGRAM, "SIGTERM"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    code, took, out, err = finish(proc, 20.0)
+    assert out == f"ready\ngot {signal.SIGTERM} alias=1\n", err
+    assert code == 124
+    assert took < 10.0

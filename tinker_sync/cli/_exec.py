@@ -5,14 +5,18 @@ Usage::
     tinker-sync exec -- python train.py --lr 1e-4
     eval "$(tinker-sync exec --print-env)"      # for launchers you cannot wrap (POSIX shells)
 
-The command runs as a child process whose environment turns the alias on at every Python
+On POSIX the command replaces this process (``exec``, as ``env`` does), so it keeps the pid, and
+every signal (SIGTERM from ``timeout``, systemd, docker or Kubernetes, Ctrl-C, SIGHUP, SIGUSR1)
+and the exit status are the command's own. Its environment turns the alias on at every Python
 start-up (``TINKER_SYNC_ALIAS=1`` plus the hook directory first on ``PYTHONPATH``), so worker
-processes started with spawn or forkserver get it too. Exit status: the command's own (128+N
-when it dies of signal N), 127 when the command is not found, 2 for usage errors.
+processes started with spawn or forkserver get it too. Exit status: the command's own, 127 when
+the command is not found, 126 when it cannot be run, 2 for usage errors. Elsewhere (Windows) the
+command runs as a child process and its exit status is passed through.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -39,8 +43,20 @@ def run(argv: Sequence[str]) -> int:
     if not args:
         sys.stderr.write(f"{USAGE}\nError: no command given\n")
         return 2
+    env = child_env()
+    if os.name == "posix":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execvpe(args[0], args, env)  # returns only when the command could not start
+        except FileNotFoundError:
+            sys.stderr.write(f"Error: command not found: {args[0]}\n")
+            return 127
+        except OSError as exc:
+            sys.stderr.write(f"Error: cannot run {args[0]}: {exc.strerror or exc}\n")
+            return 126
     try:
-        proc = subprocess.Popen(args, env=child_env())
+        proc = subprocess.Popen(args, env=env)
     except FileNotFoundError:
         sys.stderr.write(f"Error: command not found: {args[0]}\n")
         return 127
@@ -49,5 +65,5 @@ def run(argv: Sequence[str]) -> int:
             status = proc.wait()
             break
         except KeyboardInterrupt:
-            continue  # the child got the same Ctrl-C (same process group); wait for it
-    return 128 - status if status < 0 else status
+            continue  # the child got the same Ctrl-C (same console); wait for it
+    return status
