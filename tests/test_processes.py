@@ -206,6 +206,42 @@ def test_forked_child_samples_calls_rest_refuses_training(srv, service, held_srv
     held_service.close()
 
 
+def test_fork_errors_say_what_to_do(srv, service):
+    """A TrainingClient made before a fork (gunicorn --preload) fails in the child with a
+    ForkedProcessError that names the remedy and the exact call, and the remedy works there;
+    the pickling refusals name what to do instead."""
+    training = service.create_lora_training_client(BASE, rank=4)
+
+    def child() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        try:
+            training.forward_backward([datum()], "cross_entropy")
+            out["training"] = "no error"
+        except ForkedProcessError as exc:
+            out["training"] = str(exc)
+        mine = tinker_sync.ServiceClient(base_url=srv.url, api_key=KEY)
+        remedy = mine.create_lora_training_client(BASE, rank=4)
+        out["remedy"] = type(remedy.forward_backward([datum()], "cross_entropy").result(HANG))
+        out["remedy"] = out["remedy"].__name__
+        mine.close()
+        return out
+
+    result = run_in_fork(child)
+    assert "after the fork" in result["training"]
+    assert "post_fork(server, worker)" in result["training"]
+    assert "create_lora_training_client(base_model, rank=...)" in result["training"]
+    assert "create_training_client_from_state(path)" in result["training"]
+    assert result["remedy"] == "ForwardBackwardOutput"
+    refusals = {}
+    for obj in (training, service, service.create_rest_client()):
+        with pytest.raises(TypeError) as info:
+            pickle.dumps(obj)
+        refusals[type(obj).__name__] = str(info.value)
+    assert "create_training_client_from_state(path)" in refusals["TrainingClient"]
+    assert "tinker_sync.ServiceClient()" in refusals["ServiceClient"]
+    assert "create_rest_client()" in refusals["RestClient"]
+
+
 def test_fork_50_times_at_random_moments_no_child_hangs():
     """200 samples in flight, a trainer busy and SDK locks held at fork
     (docs/design/behavior.md#fork-detection, docs/design/behavior.md#inherited-futures-fail-fast).

@@ -253,7 +253,7 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
         return self.result_async().__await__()
 
     def __reduce__(self) -> Any:
-        raise TypeError("APIFuture cannot be pickled; pickle the result instead")
+        raise TypeError("APIFuture cannot be pickled; pickle its result instead (future.result())")
 
 
 class AwaitableConcurrentFuture(APIFuture[T]):
@@ -359,7 +359,8 @@ def _after_fork_in_child() -> None:
         fut._fail(
             ForkedProcessError(
                 f"this future was created in process {fut._pid} (parent {parent}) and cannot "
-                "complete in a forked child; make the call again in the child"
+                "complete in a forked child: wait for it (future.result()) in the parent "
+                "before forking, or make the call again in the child"
             )
         )
 

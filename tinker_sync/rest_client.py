@@ -231,7 +231,10 @@ class RestClient:
         return f"<RestClient base_url={self._config.base_url!r} {state}>"
 
     def __reduce__(self) -> Any:
-        raise TypeError("RestClient cannot be pickled; build one in each process")
+        raise TypeError(
+            "RestClient cannot be pickled; build one in each process: "
+            "tinker_sync.ServiceClient().create_rest_client()"
+        )
 
     # ---------------------------------------------------------------- plumbing
 

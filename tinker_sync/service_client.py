@@ -214,7 +214,11 @@ class ServiceClient:
         return f"<ServiceClient base_url={self._config.base_url!r} session_id={sid!r}>"
 
     def __reduce__(self) -> Any:
-        raise TypeError("ServiceClient cannot be pickled; build one in each process")
+        raise TypeError(
+            "ServiceClient cannot be pickled; build one in each process: "
+            "tinker_sync.ServiceClient() (it reads TINKER_API_KEY), or pickle a "
+            "SamplingClient, which is meant to travel"
+        )
 
     # ---------------------------------------------------------------- training clients
 

@@ -130,7 +130,12 @@ class TrainingClient:
         return f"<TrainingClient model_id={self.model_id!r}>"
 
     def __reduce__(self) -> Any:
-        raise TypeError("TrainingClient cannot be pickled; pickle a SamplingClient instead")
+        raise TypeError(
+            "TrainingClient cannot be pickled: to sample in another process, pickle a "
+            "SamplingClient (training_client.save_weights_and_get_sampling_client()); to "
+            "train there, save_state(name) here and call "
+            "ServiceClient().create_training_client_from_state(path) there"
+        )
 
     def result(self, timeout: float | None = None) -> TrainingClient:
         """0.38 compatibility: creation already returned the client."""

@@ -461,8 +461,12 @@ class Session:
         """Take the next value of a per-session counter (``model``, ``sampling``, ...)."""
         if self.in_forked_child():
             raise ForkedProcessError(
-                "this ServiceClient's session belongs to the parent process; create a new "
-                "ServiceClient in the child to start training or sampling sessions there"
+                f"this ServiceClient's session was started in process {self._pid}, before this "
+                f"process ({os.getpid()}) was forked from it, so it cannot create training or "
+                "sampling clients here. Create a new ServiceClient in the child, after the "
+                "fork: e.g. service = tinker_sync.ServiceClient() in gunicorn's "
+                "post_fork(server, worker) hook, a multiprocessing Pool initializer or the "
+                "worker's first request (with gunicorn --preload, not at import time)"
             )
         with self._lock:
             value = self._counters[name]

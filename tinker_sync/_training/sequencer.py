@@ -66,8 +66,15 @@ class Sequencer:
             raise ValueError(f"n must be >= 1, got {n}")
         if os.getpid() != self._pid:
             raise ForkedProcessError(
-                f"training client {self.name} belongs to process {self._pid}; training "
-                "operations cannot run in a forked child (its seq_ids belong to the parent)"
+                f"training client {self.name} was created in process {self._pid}, before "
+                f"this process ({os.getpid()}) was forked from it: training cannot continue "
+                "in a forked child (the model's seq_ids belong to the parent). Create the "
+                "TrainingClient in the child, after the fork: e.g. in gunicorn's "
+                "post_fork(server, worker) hook or a multiprocessing Pool initializer, call "
+                "tinker_sync.ServiceClient().create_lora_training_client(base_model, rank=...) "
+                "(or .create_training_client_from_state(path) to go on from the parent's "
+                "save_state()); with gunicorn --preload, do not create it at import time. "
+                "To sample in the child, pass a SamplingClient: it works after a fork"
             )
         with self._lock:
             if self._closed:
