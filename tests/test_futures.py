@@ -10,12 +10,16 @@ import logging
 import os
 import pickle
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
 from tinker_sync._futures import APIFuture, completed, failed
 from tinker_sync._runtime.executor import Claimable
 from tinker_sync.exceptions import ForkedProcessError
+
+T = TypeVar("T")
 
 
 def resolve_later(fut: APIFuture[int], value: int, go: threading.Event) -> threading.Thread:
@@ -170,13 +174,45 @@ def _offered(fut: APIFuture[str], value: str, ran_in: list[str]) -> Claimable:
     return claimable
 
 
+def in_a_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` in a thread other than the main one (which never inlines) and return its
+    result."""
+    box: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            box.set_result(fn())
+        except BaseException as exc:
+            box.set_exception(exc)
+
+    thread = threading.Thread(target=run, name="waiter")
+    thread.start()
+    thread.join(60)
+    return box.result(0)
+
+
 def test_result_runs_an_unclaimed_step_in_the_waiting_thread():
     fut: APIFuture[str] = APIFuture()
     ran_in: list[str] = []
     step = _offered(fut, "done", ran_in)
+    assert in_a_thread(fut.result) == "done"
+    assert ran_in == ["waiter"] and step.claimed
+    assert step.run() is False and ran_in == ["waiter"]  # runs once
+
+
+def test_result_in_the_main_thread_never_inlines():
+    """The main thread runs signal handlers: a step run there could be cut anywhere by an alarm
+    timeout or Ctrl-C, so it only waits (docs/guarantees.md#signals-and-exit)."""
+    assert threading.current_thread() is threading.main_thread()
+    fut: APIFuture[str] = APIFuture()
+    ran_in: list[str] = []
+    step = _offered(fut, "done", ran_in)
+    worker = threading.Timer(0.1, step.run)  # the pool's stand-in; an inlining result() would
+    worker.name = "worker"  # have claimed the step long before
+    worker.start()
     assert fut.result() == "done"
-    assert ran_in == [threading.current_thread().name] and step.claimed
-    assert step.run() is False and ran_in == [threading.current_thread().name]  # runs once
+    worker.join()
+    assert ran_in == ["worker"]
 
 
 def test_result_with_a_timeout_never_inlines():
@@ -224,6 +260,6 @@ def test_inlined_steps_chain_in_the_waiting_thread():
         fut._offer(Claimable(second))
 
     fut._offer(Claimable(first))
-    assert fut.result() == "two steps"
+    assert in_a_thread(fut.result) == "two steps"
     assert seen == [("first", True), ("second", True)]
     assert not fut._waited_on_here()  # only while result() runs them

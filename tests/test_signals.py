@@ -13,11 +13,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from types import FrameType
 
 import pytest
 
+from tinker_sync import _fork
+from tinker_sync._fork import make_condition, make_lock
 from tinker_sync._ratelimit import reset_limiters
 from tinker_sync.local import LocalServer
 
@@ -186,7 +190,18 @@ def test_exec_under_timeout_stops_the_program(tmp_path: object) -> None:
     if shutil.which("timeout") is None:
         pytest.skip("no timeout(1)")
     proc = subprocess.Popen(
-        ["timeout", "--foreground", "-s", "TERM", "1", sys.executable, "-m", "tinker_sync", "exec", "--"]
+        [
+            "timeout",
+            "--foreground",
+            "-s",
+            "TERM",
+            "1",
+            sys.executable,
+            "-m",
+            "tinker_sync",
+            "exec",
+            "--",
+        ]
         + [sys.executable, "-c", _HANDLER_PROGRAM, "SIGTERM"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -197,3 +212,185 @@ def test_exec_under_timeout_stops_the_program(tmp_path: object) -> None:
     assert out == f"ready\ngot {signal.SIGTERM} alias=1\n", err
     assert code == 124
     assert took < 10.0
+
+
+# ------------------------------------------------------------------------ signal handlers
+
+# The handler raises a TimeoutError subclass, as alarm-based timeouts do: the hardest case,
+# since a TimeoutError is also what a socket read timeout looks like (and sampling retries it).
+_STORM_PRELUDE = r"""
+import collections, json, signal, sys, time
+class Alarm(TimeoutError):
+    pass
+armed = False
+fired = 0
+def on_alarm(signum, frame):
+    global fired
+    fired += 1
+    if armed:
+        raise Alarm("alarm")
+signal.signal(signal.SIGALRM, on_alarm)
+# An alarm landing in a weakref or GC callback is printed as "Exception ignored": not ours.
+sys.unraisablehook = lambda unraisable: None
+outcomes = collections.Counter()
+def guarded(op):
+    # armed only inside op(): the harness's own bookkeeping never sees an Alarm
+    global armed
+    try:
+        try:
+            armed = True
+            op()
+        finally:
+            armed = False
+    except Alarm:
+        outcomes["Alarm"] += 1
+    except BaseException as exc:
+        outcomes[f"{type(exc).__name__}: {exc}"[:200]] += 1
+    else:
+        outcomes["ok"] += 1
+def storm(ops, seconds, intervals):
+    # a timer every interval (cycled per call): alarms land in every phase of every call
+    end, i = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        interval = intervals[i % len(intervals)]
+        signal.setitimer(signal.ITIMER_REAL, interval, interval)
+        guarded(ops[i % len(ops)])
+        i += 1
+    signal.setitimer(signal.ITIMER_REAL, 0, 0)
+"""
+
+_STORM_CHILD = (
+    _STORM_PRELUDE
+    + r"""
+import tinker_sync
+from tinker_sync import types
+url, key, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+service = tinker_sync.ServiceClient(base_url=url, api_key=key)
+sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+training = service.create_lora_training_client("Qwen/Qwen3-8B", rank=4)
+prompt, params = types.ModelInput.from_ints([1, 2, 3]), types.SamplingParams(max_tokens=3)
+datum = types.Datum(
+    model_input=types.ModelInput.from_ints([1, 2, 3]),
+    loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+)
+ops = [
+    lambda: sampler.sample(prompt, 1, params).result(),
+    lambda: training.forward_backward([datum], "cross_entropy").result(),
+    lambda: sampler.sample(prompt, 2, params).result(),
+    lambda: training.optim_step(types.AdamParams(learning_rate=1e-4)).result(),
+    lambda: service.get_server_capabilities(),
+]
+storm(ops, seconds, [0.0003, 0.001, 0.0003, 0.003, 0.0005, 0.01])
+# Afterwards the SDK still works: every lock is free, every slot was given back.
+after = {
+    "sample": len(sampler.sample(prompt, 2, params).result(timeout=30).sequences),
+    "fwdbwd": type(training.forward_backward([datum], "cross_entropy").result(timeout=30)).__name__,
+    "optim": type(training.optim_step(types.AdamParams()).result(timeout=30)).__name__,
+    "capabilities": bool(service.get_server_capabilities().supported_models),
+}
+print(json.dumps({"fired": fired, "outcomes": outcomes, "after": after}), flush=True)
+"""
+)
+
+
+def _seq_key(record: object) -> tuple[str, object] | None:
+    body = getattr(record, "json", None) or getattr(record, "proto", None) or {}
+    seq = body.get("seq_id")
+    owner = body.get("sampling_session_id") or body.get("model_id")
+    return None if seq is None else (f"{record.endpoint}:{owner}", seq)  # type: ignore[attr-defined]
+
+
+def test_an_alarm_storm_during_sampling_and_training_leaves_the_sdk_working() -> None:
+    """Thousands of SIGALRM timers whose handler raises (a TimeoutError subclass) while the main
+    thread samples, trains and waits in result(): each alarm reaches the caller as itself (never
+    a protocol error, never retried away), no SDK lock or slot is left held (the SDK works
+    afterwards, within the hard time limit), and the server saw no seq_id twice."""
+    with LocalServer(backend="instant", api_key=KEY) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _STORM_CHILD, server.url, KEY, "5"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        code, _, out, err = finish(proc, 120.0)
+        assert code == 0, f"exit {code} (None: wedged, killed at the hard limit)\n{err[-3000:]}"
+        report = json.loads(out)
+        seen: dict[tuple[str, object], int] = {}
+        for record in server.requests.all():
+            key = _seq_key(record)
+            if key is not None and record.endpoint in ("asample", "forward_backward", "optim_step"):
+                seen[key] = seen.get(key, 0) + 1
+    reset_limiters()
+    assert report["after"] == {
+        "sample": 2,
+        "fwdbwd": "ForwardBackwardOutput",
+        "optim": "OptimStepResponse",
+        "capabilities": True,
+    }
+    outcomes = report["outcomes"]
+    assert report["fired"] >= 1000
+    assert outcomes.get("Alarm", 0) >= 100 and outcomes.get("ok", 0) >= 10
+    assert set(outcomes) <= {"Alarm", "ok"}, outcomes  # nothing else: no protocol error
+    assert seen and max(seen.values()) == 1, [k for k, n in seen.items() if n > 1][:5]
+
+
+_DECODE_CHILD = (
+    _STORM_PRELUDE
+    + r"""
+from tinker_sync import types
+row = {"session_id": "s", "created_at": "2024-01-01T00:00:00Z", "owner": "o", "project_id": "p",
+       "checkpoints_count": 3}
+data = {"sessions": [row] * 30}
+types.SessionSearchResponse.model_validate(data)
+storm([lambda: types.SessionSearchResponse.model_validate(data)], 1.5, [0.0003])
+print(json.dumps({"fired": fired, "outcomes": outcomes}), flush=True)
+"""
+)
+
+
+def test_a_signal_handlers_exception_is_never_a_validation_error() -> None:
+    """Alarms landing while the JSON decoder validates a valid reply come out as the handler's
+    own exception, never as a WireValidationError (the decoder collects field errors)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DECODE_CHILD],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    code, _, out, err = finish(proc, 60.0)
+    assert code == 0, err[-3000:]
+    report = json.loads(out)
+    assert report["outcomes"].get("Alarm", 0) >= 100
+    assert set(report["outcomes"]) <= {"Alarm", "ok"}, report["outcomes"]
+
+
+def test_with_on_sdk_locks_runs_no_python_while_the_lock_is_held() -> None:
+    """``with lock:`` / ``with cond:`` on the SDK's fork-safe lock run no Python frame between
+    taking the lock and the body, or between the body and letting it go: a signal handler's
+    exception cannot land there and leave the lock held (it used to, in __enter__)."""
+    lock = make_lock()
+    cond = make_condition(lock)
+    held_in_python: list[str] = []
+
+    def local(frame: FrameType, event: str, arg: object) -> object:
+        if lock.locked():
+            held_in_python.append(f"{frame.f_code.co_name}:{event}")
+        return local
+
+    def tracer(frame: FrameType, event: str, arg: object) -> object:
+        if frame.f_code.co_filename in (_fork.__file__, threading.__file__):
+            return local(frame, event, arg)
+        return None
+
+    sys.settrace(tracer)
+    try:
+        with lock:
+            pass
+        with cond:
+            pass
+    finally:
+        sys.settrace(None)
+    assert held_in_python == []
+    assert not lock.locked()

@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from tinker_sync._runtime.causes import signal_exception
 from tinker_sync._runtime.clock import register_exit_callback
 from tinker_sync._runtime.fork import register_after_fork
 from tinker_sync.exceptions import ClientClosedError, ForkedProcessError, RequestOutcome
@@ -144,7 +145,10 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
 
         A timeout cancels nothing: call ``result()`` again to keep waiting. Without a timeout,
         SDK work for this future that no SDK thread has started yet may run in the calling
-        thread instead (never once a done-callback is registered).
+        thread instead (never once a done-callback is registered, and never in the main thread,
+        where signal handlers run: an exception such a handler raises, Ctrl-C or an alarm
+        timeout, then interrupts only this wait and reaches the caller as itself, while the
+        operation goes on; docs/guarantees.md#signals-and-exit).
         """
         if not self._warned_loop and not self.done() and _in_running_loop():
             self._warned_loop = True
@@ -152,7 +156,11 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
                 "APIFuture.result() called inside a running event loop: it blocks the loop; "
                 "use `await future` instead"
             )
-        if timeout is None and self._inline is not None:
+        if (
+            timeout is None
+            and self._inline is not None
+            and threading.current_thread() is not threading.main_thread()  # runs signal handlers
+        ):
             self._run_inline()
         try:
             return super().result(timeout)
@@ -160,10 +168,19 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
             if exc is self._exception:
                 self._report(exc)
                 raise
+            if timeout is None or signal_exception(exc) is not None:
+                raise  # a signal handler's (an alarm timeout), not this wait's: as it is
             raise TimeoutError(self._timeout_message(timeout)) from None
         except BaseException as exc:
             if exc is self._exception:  # the operation's failure, not the wait's timeout
                 self._report(exc)
+                raise
+            # A signal handler raising inside threading.Condition.wait can make the wait's own
+            # cleanup fail (RuntimeError: cannot release un-acquired lock) over the handler's
+            # exception: the caller gets the handler's, as it is.
+            raised = signal_exception(exc)
+            if raised is not None and raised is not exc:
+                raise raised  # noqa: B904 (unchanged: it is the caller's own)
             raise
 
     def _timeout_message(self, timeout: float | None) -> str:

@@ -42,7 +42,7 @@ import urllib3.exceptions
 
 from tinker_sync._config import DEFAULT_TIMEOUT
 from tinker_sync._flow.health import StallWatch, describe_failure
-from tinker_sync._runtime.causes import related
+from tinker_sync._runtime.causes import related, signal_exception
 from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock, exiting
 from tinker_sync._runtime.fork import make_lock
 from tinker_sync._transport import (
@@ -251,7 +251,7 @@ def classify(exc: BaseException) -> Classification:
     raw urllib3/OS errors such as EBADF found through ``__cause__``, except the ones
     that cannot heal by waiting (:func:`permanent_connect_failure`). Not retryable:
     credential errors, closed clients, forks, server-side failures (RequestFailedError), and
-    anything else.
+    anything else, including an exception a Python signal handler raised.
     """
     status = getattr(exc, "status_code", None)
     status = status if isinstance(status, int) else None
@@ -266,7 +266,8 @@ def classify(exc: BaseException) -> Classification:
     elif isinstance(exc, TinkerError):
         retryable = False
     else:
-        retryable = _transport_failure(exc)
+        # A signal handler's exception (an alarm timeout) is the caller's, never a retry's.
+        retryable = _transport_failure(exc) and signal_exception(exc) is None
     return Classification(
         retryable=retryable,
         user_error=is_user_error(exc),

@@ -45,6 +45,7 @@ from tinker_sync._flow.limiter import PAUSED_QUEUE_BACKOFF_S, Stopped
 from tinker_sync._polling.decide import Action, Decision, PollCounters, decide_reply
 from tinker_sync._polling.decide import decide_transport_error as _transport_error
 from tinker_sync._polling.hold import PollPlan
+from tinker_sync._runtime.causes import signal_exception
 from tinker_sync._runtime.clock import exiting
 from tinker_sync._session.state import Session
 from tinker_sync._transport import Pool, Reply, RequestSpec, emit_hook
@@ -261,6 +262,9 @@ class Poll:
                 try:
                     value = self.decode(decision)
                 except Exception as exc:
+                    raised = signal_exception(exc)
+                    if raised is not None:  # a signal handler's (an alarm timeout): as it is
+                        raise raised  # noqa: B904
                     err: BaseException = APIResponseValidationError(
                         f"could not decode the result of {self.request_id}: {exc}"
                     )

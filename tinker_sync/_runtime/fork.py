@@ -19,6 +19,13 @@ forget waiters that belonged to the parent's threads. Then the callbacks given t
 :func:`register_after_fork` run, in registration order; an exception in one is logged and the
 others still run.
 
+Signals: ``with lock:`` and ``with cond:`` run the wrapped C lock's own ``__enter__`` and
+``__exit__`` (no Python frame between acquiring and the body), so an exception raised by a
+signal handler in the thread entering or leaving the block (an alarm timeout, Ctrl-C) cannot
+leave the lock held: CPython (3.10+) checks for signals only after calls and on loop edges, never
+between a C ``__enter__`` and the ``with`` body. SDK critical sections therefore use ``with``,
+never ``acquire()`` then ``try``.
+
 Limitation: a lock held by the *forking* thread itself is also replaced, so releasing it after
 the fork raises ``RuntimeError``. The SDK never forks while holding one of its locks.
 
@@ -29,11 +36,17 @@ mechanism; its own registry lock is recreated first in the child.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import threading
 import weakref
 from collections.abc import Callable
 from types import TracebackType
+
+_TRY_ACQUIRE = operator.methodcaller("acquire", False)
+_ExitMethod = Callable[
+    [type[BaseException] | None, BaseException | None, TracebackType | None], None
+]
 
 __all__ = [
     "ForkGuard",
@@ -72,16 +85,36 @@ class ForkSafeLock:
     def locked(self) -> bool:
         return self._lock.locked()
 
-    def __enter__(self) -> bool:
-        return self._lock.acquire()
+    def try_acquire_into(self, got: list[bool]) -> None:
+        """Take the lock if free, without blocking, and append whether it was taken to ``got``.
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._lock.release()
+        Usage (where ``with`` cannot be used: a non-blocking take)::
+
+            got: list[bool] = []
+            try:
+                lock.try_acquire_into(got)
+                if not got[0]:
+                    return
+                ...
+            finally:
+                if got and got[0]:
+                    lock.release()
+
+        The outcome is stored by the same C call that takes the lock, so an exception raised by a
+        signal handler right after it still finds the lock recorded as held.
+        """
+        got.extend(map(_TRY_ACQUIRE, (self._lock,)))
+
+    # ``with lock:`` calls the C lock's own methods, looked up through these properties: no
+    # Python frame runs between acquiring and the body, so a signal handler's exception cannot
+    # leave the lock held (see the module docstring).
+    @property
+    def __enter__(self) -> Callable[[], bool]:
+        return self._lock.__enter__
+
+    @property
+    def __exit__(self) -> _ExitMethod:  # noqa: PLE0302 (a property handing out the C method)
+        return self._lock.__exit__
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
@@ -101,6 +134,16 @@ class ForkSafeCondition(threading.Condition):
     def __init__(self, lock: ForkSafeLock) -> None:
         self._fs_lock = lock
         super().__init__(self._fs_lock)  # type: ignore[arg-type]
+
+    # threading.Condition's __enter__/__exit__ are Python functions around the lock's: a signal
+    # handler could raise between acquiring and the body. These hand out the C lock's own.
+    @property
+    def __enter__(self) -> Callable[[], bool]:
+        return self._fs_lock._lock.__enter__
+
+    @property
+    def __exit__(self) -> _ExitMethod:  # noqa: PLE0302 (a property handing out the C method)
+        return self._fs_lock._lock.__exit__
 
     def _after_fork(self) -> None:
         # The lock itself was already replaced (locks are reset before conditions); running

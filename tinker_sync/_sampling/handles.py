@@ -115,10 +115,12 @@ def release_shadow(key: str | None, session: Session, pid: int) -> None:
 def _apply_deferred() -> None:
     """Apply the queued releases, unless the lock is taken: its holder calls this after it."""
     while _deferred:
-        if not _shadow_lock.acquire(blocking=False):
-            return
+        got: list[bool] = []
         stopped: list[Session] = []
         try:
+            _shadow_lock.try_acquire_into(got)  # signal-safe: see ForkSafeLock.try_acquire_into
+            if not got[0]:
+                return
             while _deferred:
                 key, session = _deferred.popleft()
                 entry = _shadow_sessions.get(key)
@@ -129,7 +131,8 @@ def _apply_deferred() -> None:
                     del _shadow_sessions[key]
                 stopped.append(session)
         finally:
-            _shadow_lock.release()
+            if got and got[0]:
+                _shadow_lock.release()
         for session in stopped:
             _stop(session)
 

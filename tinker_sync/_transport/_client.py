@@ -12,6 +12,7 @@ from typing import Any
 
 from tinker_sync._config import PROTOCOL_VERSION, ClientConfig
 from tinker_sync._credentials import AuthProvider
+from tinker_sync._runtime.causes import signal_exception
 from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
 from tinker_sync._runtime.fork import current_pid, make_lock
 from tinker_sync._runtime.redact import redact_headers, scrub
@@ -219,6 +220,10 @@ class Transport:
             content = response.content
         except Exception as exc:
             duration = self.clock.monotonic() - start
+            raised = signal_exception(exc)
+            if raised is not None:  # a signal handler's (an alarm timeout): the caller's own
+                self._emit_request(spec, attempt, None, duration, type(raised).__name__)
+                raise raised  # noqa: B904 (unchanged: it is not ours to chain)
             mapped = map_transport_error(exc, RequestSnapshot(spec.method, url, headers))
             self._emit_request(spec, attempt, None, duration, type(mapped or exc).__name__)
             if debug:

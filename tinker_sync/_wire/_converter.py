@@ -48,6 +48,7 @@ from cattrs.gen import make_dict_structure_fn
 
 from tinker_sync import types as T
 from tinker_sync._lazynp import is_ndarray
+from tinker_sync._runtime.causes import signal_exception
 from tinker_sync.exceptions import RequestErrorCategory
 from tinker_sync.types._base import (
     check_bytes,
@@ -563,10 +564,31 @@ def from_json(cls: type[_T], data: Any) -> _T:
     try:
         return converter.structure(data, cls)
     except cattrs.BaseValidationError as exc:
+        raised = _from_signal_handler(exc)
+        if raised is not None:
+            # An alarm timeout raised while decoding is the caller's, not bad data: unchanged.
+            raise raised  # noqa: B904
         errors = cattrs.transform_error(exc, path="$", format_exception=_format)
         raise WireValidationError(name, errors) from None
     except (TypeError, ValueError, KeyError) as exc:
+        if signal_exception(exc) is not None:
+            raise
         raise WireValidationError(name, [f"{_format(exc, None)} @ $"]) from None
+
+
+def _from_signal_handler(group: BaseException) -> BaseException | None:
+    """The exception a Python signal handler raised among cattrs' collected errors, if any."""
+    stack = [group]
+    while stack:
+        cur = stack.pop()
+        nested = getattr(cur, "exceptions", None)
+        if isinstance(nested, (list, tuple)):
+            stack.extend(e for e in nested if isinstance(e, BaseException))
+            continue
+        raised = signal_exception(cur)
+        if raised is not None:
+            return raised
+    return None
 
 
 # -- fields newer than the oldest protocol spoken ----------------------------------------------
