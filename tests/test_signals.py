@@ -362,7 +362,7 @@ def test_a_signal_handlers_exception_is_never_a_validation_error() -> None:
     code, _, out, err = finish(proc, 60.0)
     assert code == 0, err[-3000:]
     report = json.loads(out)
-    assert report["outcomes"].get("Alarm", 0) >= 100
+    assert report["outcomes"].get("Alarm", 0) >= 20
     assert set(report["outcomes"]) <= {"Alarm", "ok"}, report["outcomes"]
 
 
