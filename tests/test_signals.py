@@ -20,9 +20,9 @@ from types import FrameType
 
 import pytest
 
-from tinker_sync import _fork
-from tinker_sync._fork import make_condition, make_lock
-from tinker_sync._ratelimit import reset_limiters
+from tinker_sync._flow.limiter import reset_limiters
+from tinker_sync._runtime import fork as _fork
+from tinker_sync._runtime.fork import make_condition, make_lock
 from tinker_sync.local import LocalServer
 
 KEY = "tml-signals-test-key-0123456789abc"
