@@ -184,6 +184,10 @@ class SamplingClient:
         self._queue_reporter = QueueStateReporter("sampling", self._session.clock)
         self._tokenizer = None
         self._shadow_release = None
+        # The codec sample() imports loads now, with the client: a first import inside a call on
+        # the caller's thread could be cut by a signal handler (docs/guarantees.md).
+        from tinker_sync._wire import _estimates  # noqa: F401
+
         return self
 
     def _set_clone(self, clone_id: int | None) -> None:

@@ -125,6 +125,10 @@ class TrainingClient:
         )
         self._tokenizer: TinkerTokenizer | None = None
         self._session.add_close_listener(self._sequencer.close, join=self._sequencer.join)
+        # The codecs its calls import load now, with the client: a first import inside a call
+        # on the caller's thread could be cut by a signal handler (an alarm turned one into
+        # ModuleNotFoundError); docs/guarantees.md#signals-and-exit.
+        from tinker_sync._wire import _chunking, _metrics, _proto  # noqa: F401
 
     def __repr__(self) -> str:
         return f"<TrainingClient model_id={self.model_id!r}>"

@@ -66,6 +66,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from tinker_sync._runtime.causes import signal_exception
 from tinker_sync._runtime.clock import Clock, exiting
 from tinker_sync._runtime.fork import fork_generation, make_lock, register_after_fork
 
@@ -135,11 +136,23 @@ class DaemonPool:
                     self._wakeup.notify()
                 return
             if self._threads < self.max_workers:
-                self._threads += 1
                 self._counter += 1
-                self._peak = max(self._peak, self._threads)
                 name = f"tinker_sync-{self.role}-{self._counter}"
-                threading.Thread(target=self._work, name=name, daemon=True).start()
+                worker = threading.Thread(target=self._work, name=name, daemon=True)
+                self._threads += 1
+                self._peak = max(self._peak, self._threads)
+                try:
+                    worker.start()
+                except BaseException as exc:
+                    # A signal handler's exception (the caller may be the main thread) can
+                    # stop start() before the thread runs: then do not count it. One landing
+                    # in start()'s wait makes threading's cleanup raise RuntimeError over it.
+                    if worker.ident is None:
+                        self._threads -= 1
+                    raised = signal_exception(exc)
+                    if raised is not None and raised is not exc:
+                        raise raised  # noqa: B904 (the caller's own, unchanged)
+                    raise
             else:
                 self._wakeup.notify()
 

@@ -4,6 +4,7 @@ Job: the per-TrainingClient ordered sender (``sequencer``), settling one operati
 its chunks (``chunkgroup``) and the client-side custom loss of ``forward_backward_custom``
 (``custom_loss``, needs torch, imported only when used). Invariants: the order in which threads
 call a TrainingClient is the order its requests leave; an operation's future settles once, from
-all its chunks. Imports: ``_futures``, ``_transport``, ``_wire``, ``types`` and ``exceptions``
-(``training_client`` only for type checking); this ``__init__`` imports nothing.
+all its chunks. Imports: ``_runtime`` (``causes``), ``_futures``, ``_transport``, ``_wire``,
+``types`` and ``exceptions`` (``training_client`` only for type checking); this ``__init__``
+imports nothing.
 """

@@ -29,6 +29,7 @@ import os
 import threading
 from collections.abc import Callable
 
+from tinker_sync._runtime.causes import signal_exception
 from tinker_sync.exceptions import ClientClosedError, ForkedProcessError
 
 log = logging.getLogger("tinker_sync.sequencer")
@@ -80,14 +81,28 @@ class Sequencer:
             if self._closed:
                 raise ClientClosedError(f"training client {self.name} is closed")
             first = self._next_seq_id
-            self._next_seq_id += n
             ids = list(range(first, first + n))
+            # Taking the ids and queueing the job have no call between them, and the append is
+            # the last call: an exception a signal handler raises on this thread (checked only
+            # after calls) finds both done or neither, never a seq_id gap the server waits on.
+            self._next_seq_id = first + n
             self._queue.append((ids, job, on_abandon))
             if self._thread is None:
-                self._thread = threading.Thread(
+                sender = threading.Thread(
                     target=self._run, name=f"tinker_sync-sender-{self.name}", daemon=True
                 )
-                self._thread.start()
+                self._thread = sender
+                try:
+                    sender.start()
+                except BaseException as exc:
+                    # Stopped by a signal handler before the thread ran: the next reserve
+                    # starts one (a late starter sees it is not the sender and returns).
+                    if sender.ident is None:
+                        self._thread = None
+                    raised = signal_exception(exc)  # as in DaemonPool.submit
+                    if raised is not None and raised is not exc:
+                        raise raised  # noqa: B904 (the caller's own, unchanged)
+                    raise
             else:
                 self._ready.notify()
         return ids
@@ -117,6 +132,8 @@ class Sequencer:
     def _run(self) -> None:
         while True:
             with self._lock:
+                if self._thread is not threading.current_thread():
+                    return  # its start() was cut by a signal handler and another took over
                 while not self._queue and not self._closed:
                     self._ready.wait()
                 if not self._queue:

@@ -219,11 +219,12 @@ class Transport:
             )
             content = response.content
         except Exception as exc:
-            duration = self.clock.monotonic() - start
             raised = signal_exception(exc)
-            if raised is not None:  # a signal handler's (an alarm timeout): the caller's own
-                self._emit_request(spec, attempt, None, duration, type(raised).__name__)
+            if raised is not None:
+                # A signal handler's (an alarm timeout): the caller's own, as it is, and no
+                # request event: it says nothing of the network (no lossy-network hedging).
                 raise raised  # noqa: B904 (unchanged: it is not ours to chain)
+            duration = self.clock.monotonic() - start
             mapped = map_transport_error(exc, RequestSnapshot(spec.method, url, headers))
             self._emit_request(spec, attempt, None, duration, type(mapped or exc).__name__)
             if debug:
