@@ -806,7 +806,8 @@ def test_handles_and_pickles_rebuild_clients_without_io(server, service):
 
 
 def test_a_waiting_caller_runs_its_queued_sample_itself(server, make_client):
-    """Inlining: a sample no worker has started is sent from the thread blocked in result()."""
+    """Inlining: a sample no worker has started is sent from the thread blocked in result()
+    (any thread but the main one, which only waits: docs/guarantees.md#signals-and-exit)."""
     from tinker_sync._runtime.executor import DEFAULT_SIZES, pool
 
     senders: list[tuple[str, str]] = []
@@ -826,13 +827,20 @@ def test_a_waiting_caller_runs_its_queued_sample_itself(server, make_client):
     submit = pool("sample-submit")
     for _ in range(max(submit.max_workers, DEFAULT_SIZES["sample-submit"])):
         submit.submit(release.wait, HANG)  # every worker busy: the sample queues behind them
-    try:
+    got: list[int] = []
+
+    def waiter() -> None:
         fut = sampler.sample(PROMPT, 1, PARAMS)
-        assert len(fut.result().sequences) == 1  # no timeout: result() may run queued steps
+        got.append(len(fut.result().sequences))  # no timeout: result() may run queued steps
+
+    thread = threading.Thread(target=waiter, name="waiter")
+    try:
+        thread.start()
+        thread.join(HANG)
     finally:
         release.set()
-    me = threading.current_thread().name
-    assert senders == [("/api/v1/asample", me), ("/api/v1/retrieve_future", me)]
+    assert got == [1]
+    assert senders == [("/api/v1/asample", "waiter"), ("/api/v1/retrieve_future", "waiter")]
     assert server.requests.count("asample") == 2  # nothing sent twice
 
 
