@@ -311,12 +311,15 @@ def held_by_another_thread(locks: list[Any]) -> Iterator[None]:
     """Hold ``locks`` in a helper thread for the duration of the block (fork inside it)."""
     held, release = threading.Event(), threading.Event()
 
-    def hold() -> None:
-        with contextlib.ExitStack() as stack:
-            for lock in locks:
-                stack.enter_context(lock)
+    def hold(rest: list[Any] = locks) -> None:
+        # nested `with` statements (the SDK locks hand `with` their C lock's own methods,
+        # which contextlib.ExitStack, looking them up on the type, does not take)
+        if not rest:
             held.set()
             release.wait(HANG)
+            return
+        with rest[0]:
+            hold(rest[1:])
 
     holder = threading.Thread(target=hold, name="storm-lock-holder", daemon=True)
     holder.start()
