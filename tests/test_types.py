@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import warnings
 from typing import Any
 
 import attrs
@@ -877,6 +878,14 @@ def test_forward_backward_output_and_misc_results():
         T.RequestFailedResponse(error="x", category="junk").category is RequestErrorCategory.Unknown
     )  # type: ignore[arg-type]
     assert T.RequestErrorCategory is RequestErrorCategory
+
+
+def test_a_non_text_error_category_is_unknown_without_comparing_it_to_each_member():
+    # numpy 1.x warns (FutureWarning) when an array is compared to each member's str value
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        failed = T.RequestFailedResponse(error="x", category=np.array([1, 2]))  # type: ignore[arg-type]
+    assert failed.category is RequestErrorCategory.Unknown
 
 
 def test_client_config_defaults():

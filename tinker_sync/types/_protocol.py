@@ -478,6 +478,9 @@ class TryAgainResponse(TinkerModel):
 def _category(value: Any) -> RequestErrorCategory:
     if isinstance(value, RequestErrorCategory):
         return value
+    if not isinstance(value, str):
+        # no member's value equals a non-str; comparing an array to each one warns on numpy 1.x
+        return RequestErrorCategory.Unknown
     return RequestErrorCategory(value)
 
 
