@@ -397,3 +397,35 @@ def test_fwdbwd_body_helper_roundtrip() -> None:
     )
     assert req.datums[0].tokens.tolist() == [1, 2]
     assert req.datums[0].inputs["target_tokens"].tolist() == [2, 256]
+
+
+def test_a_lost_request_is_accepted_never_completed_and_404_alone(h: Harness) -> None:
+    """The ``lose`` fault (docs/design/local-server.md#fault-format): the submission is
+    answered with a request id, the future never shows in retrieve_futures, polled alone it
+    answers 404; a lost training op is never applied and later ops go on in seq order."""
+    _, sampler_id = _sampler(h)
+    rule = h.faults.add("asample lose after=1")
+    kept = h.asample(sampler_id, 0).json["request_id"]
+    lost = h.asample(sampler_id, 1).json["request_id"]
+    later = h.asample(sampler_id, 2).json["request_id"]
+    assert rule.hits == 1 and len({kept, lost, later}) == 3
+    seen: set[str] = set()
+    cursor = 0
+    while {kept, later} - seen:
+        batch = _futures_poll(h, sampler_id, cursor)
+        seen.update(c["request_id"] for c in batch["completions"])
+        cursor = batch["cursor"]
+    assert _futures_poll(h, sampler_id, cursor, timeout=0.1)["completions"] == []
+    assert lost not in seen
+    r = h.poll(lost, allow_metadata=True)
+    assert r.status == 404 and r.json == {"detail": f"future {lost} not found"}
+    assert h.poll("req-never-existed").status == 410  # unknown, not lost: as before
+
+    mid = h.new_model(h.new_session())
+    h.faults.add("forward_backward lose")
+    fwd = h.fwdbwd(mid, 1).json["request_id"]
+    opt = h.optim(mid, 2).json["request_id"]
+    assert "metrics" in h.result_json(opt)
+    assert h.poll(fwd).status == 404
+    assert h.app.applied(mid) == [(0, "CreateModel"), (2, "OptimStep")]
+    h.faults.assert_exhausted()

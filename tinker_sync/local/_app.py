@@ -462,7 +462,10 @@ class TinkerApp:
             handler, params = self._route(request.method, sub)
             if sub != "healthz":
                 self._authenticate(request)
-            return await handler(request, *params)
+            answer = await handler(request, *params)
+            if request.poll_fault is not None and request.poll_fault.lose:
+                self._lose(answer)
+            return answer
         except HttpError as exc:
             return HttpResponse.json({"detail": exc.detail}, exc.status, exc.headers or None)
         except codec.WireError as exc:
@@ -474,6 +477,18 @@ class TinkerApp:
             return HttpResponse.json(
                 {"detail": scrub(f"local server error: {type(exc).__name__}: {exc}")}, 500
             )
+
+    def _lose(self, answer: HttpResponse) -> None:
+        """A ``lose`` fault: the accepted request's future never runs nor completes (its seq_id
+        counts as processed, so later training ops go on in order)."""
+        if answer.status >= 300 or "json" not in answer.headers.get("content-type", ""):
+            return
+        try:
+            request_id = json.loads(answer.body).get("request_id")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(request_id, str):
+            self._futures.lose(request_id)
 
     def _bind_loop(self) -> None:
         if self._loop is None:
@@ -810,7 +825,7 @@ class TinkerApp:
 
     async def _apply_once(self, m: ModelRuntime, seq_id: int, item: WorkItem) -> None:
         fut = item.future
-        if fut.done:  # failed by a fault rule or cancelled before its turn
+        if fut.done or fut.lost:  # failed by a fault rule, cancelled or lost before its turn
             return
         if m.broken is not None and seq_id != 0:
             fut.fail(f"model {m.model_id} is unusable: {m.broken}", "user", now=self._clock())

@@ -12,13 +12,13 @@ Usage::
 
 A plan is an ordered list of rules. For each request the first matching rule with budget left
 applies: a rule with an *action* (``status``, ``drop``, ``queue_state``, ``fail``, ``expire``,
-``metadata_only``, ``cut_at``) answers instead of the real handler; a rule without one (only
+``metadata_only``, ``cut_at``, ``lose``) answers instead of the real handler; a rule without one (only
 ``delay`` / ``headers`` / ``retry_after*`` / ``should_retry`` / the download modifiers
 ``generating``, ``url_ttl``, ``no_ranges``) applies its effect and evaluation continues.
 
 Compact strings: ``"<endpoint>[@METHOD] [<action>] [x<N>|x*] [key=value ...]"`` where the action
 is an HTTP status, ``drop-before`` / ``drop-after``, ``paused_rate_limit`` / ``paused_capacity``
-(/ ``active``), ``fail:<category>``, ``expire`` or ``metadata``. Values may be quoted (a quoted
+(/ ``active``), ``fail:<category>``, ``expire``, ``metadata`` or ``lose``. Values may be quoted (a quoted
 value is always a string); unquoted values are read as JSON-ish scalars (``true``, ``3``,
 ``0.5``, ``null``, ``{...}``). ``match.<field>=v`` fills ``match``; ``headers.<name>=v`` fills
 ``headers``.
@@ -111,6 +111,7 @@ class Fault:
     message: str | None = None
     expire: bool = False
     metadata_only: bool = False
+    lose: bool = False
     cut_at: int | None = None
     generating: float | None = None
     url_ttl: float | None = None
@@ -217,6 +218,8 @@ class Fault:
             out.append("expire")
         if self.metadata_only:
             out.append("metadata")
+        if self.lose:
+            out.append("lose")
         if self.cut_at is not None:
             out.append(f"cut@{self.cut_at}")
         return out
@@ -229,8 +232,11 @@ class Fault:
 
     @property
     def is_poll_action(self) -> bool:
-        """True when the action is carried out by the app (queue state, fail, expire, metadata)."""
-        return bool(self.queue_state or self.fail or self.expire or self.metadata_only)
+        """True when the action is carried out by the app (queue state, fail, expire, metadata,
+        lose)."""
+        return bool(
+            self.queue_state or self.fail or self.expire or self.metadata_only or self.lose
+        )
 
     def _auto_name(self) -> str:
         head = self.endpoint + (f"@{self.method}" if self.method else "")
@@ -346,6 +352,7 @@ class Fault:
             message=self.message,
             expire=self.expire,
             metadata_only=self.metadata_only,
+            lose=self.lose,
         )
 
     def matches(self, method: str, path: str, endpoint: str) -> bool:
@@ -556,6 +563,8 @@ def _parse_compact(spec: str) -> Fault:
             put("expire", True)
         elif text in ("metadata", "metadata_only"):
             put("metadata_only", True)
+        elif text == "lose":
+            put("lose", True)
         elif (tm := _TIMES_TOKEN.match(text)) is not None:
             put("times", None if tm.group(1) == "*" else int(tm.group(1)))
         else:

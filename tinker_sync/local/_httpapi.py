@@ -5,7 +5,7 @@ The HTTP layer parses bytes into an :class:`HttpRequest`, consults the fault pla
 HTTP layer never interprets the Tinker protocol.
 
 Fault rules whose action only makes sense inside the protocol (``queue_state``, ``fail``,
-``expire``, ``metadata_only`` on polls) are handed to the app in ``request.poll_fault``; the
+``expire``, ``metadata_only`` on polls; ``lose`` on submissions) are handed to the app in ``request.poll_fault``; the
 extra match fields those rules can test (e.g. ``request_type`` of a polled future) come from
 ``app.match_fields(request)``.
 """
@@ -32,6 +32,9 @@ class PollFault:
     message: str | None = None
     expire: bool = False
     metadata_only: bool = False
+    #: Accept the submission (answer its request id), then lose it: never run or complete it;
+    #: polled alone it answers 404 (docs/design/local-server.md#fault-format).
+    lose: bool = False
 
 
 @dataclass

@@ -123,6 +123,8 @@ class FutureApi:
         rec = self.app._futures.get(request_id)
         fault = request.poll_fault
         if rec is None:
+            if self.app._futures.is_lost(request_id):
+                raise HttpError(404, f"future {request_id} not found")
             raise HttpError(410, f"future {request_id} is unknown or has expired")
         if fault is not None:
             if fault.expire:

@@ -340,7 +340,7 @@ class SamplingApi:
             await self.app._wait_unpaused("sampling")
             if self.app.work_delay_s > 0:
                 await asyncio.sleep(self.app.work_delay_s)
-            if rec.done:
+            if rec.done or rec.lost:
                 return
             sampler = await self._ensure_sampler(s)
             seq_ids = rec.sample_sequence_ids
@@ -371,7 +371,7 @@ class SamplingApi:
                 now=self.app._clock(),
             )
         finally:
-            if rec.done:
+            if rec.done and not rec.lost:
                 completion: dict[str, Any]
                 if rec.state == "done":
                     completion = {

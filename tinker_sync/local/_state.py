@@ -70,6 +70,8 @@ class FutureRecord:
     sample_sequence_ids: list[str] | None = None
     cloned_sampler_id: int = 0
     cancelled: bool = False
+    #: Lost by a ``lose`` fault: never run, never completed, unknown to polls (404).
+    lost: bool = False
     _event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     _listeners: list[Callable[[FutureRecord], None]] = field(default_factory=list, repr=False)
 
@@ -148,6 +150,8 @@ class FutureTable:
         self._finished: deque[FutureRecord] = deque()
         self._counter = itertools.count(1)
         self._prefix = uuid.uuid4().hex[:8]
+        #: Request ids lost by a ``lose`` fault (answered 404 when polled).
+        self._lost: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -170,6 +174,20 @@ class FutureTable:
     def get(self, request_id: str) -> FutureRecord | None:
         self.expire()
         return self._by_id.get(request_id)
+
+    def lose(self, request_id: str) -> bool:
+        """Lose a pending future (a ``lose`` fault): it never runs or completes, and polls of
+        its id answer 404. False when there is no such pending future."""
+        rec = self._by_id.get(request_id)
+        if rec is None or rec.done:
+            return False
+        rec.lost = True
+        del self._by_id[request_id]
+        self._lost.add(request_id)
+        return True
+
+    def is_lost(self, request_id: str) -> bool:
+        return request_id in self._lost
 
     def forget(self, request_id: str) -> None:
         """Drop a finished future's payload and make its id unknown (client acked it)."""
