@@ -24,6 +24,7 @@ from tinker_sync import _config, checkpoints
 from tinker_sync._flow import hedge, limiter, retry, sharedbackoff
 from tinker_sync._polling import decide, hold, poller
 from tinker_sync._runtime import executor
+from tinker_sync._sampling import retry as job_retry
 from tinker_sync._sampling.retry import RetryConfig
 from tinker_sync._session import state
 from tinker_sync._transport import _connection, _settings
@@ -133,6 +134,12 @@ FACTS: list[Fact] = [
     Fact(r"m-th in a row\) \| `min\(0\.1·2\^m, (\d+)\)` s", [decide.LOST_REPLY_MAX_S]),
     Fact(r"\| 402 \| (\d+) s while inside the billing window", [decide.BILLING_PAUSE_S]),
     Fact(r"(\d+) s between failed polls", [poller.RETRYABLE_SLEEP_S]),
+    # lost requests (docs/polling.md#lost-requests)
+    Fact(r"`LOST_PROBE_AFTER_S` = (\d+) s", [poller.LOST_PROBE_AFTER_S]),
+    Fact(r"`LOST_PROBE_SPACING_S` = ([\d.]+) s", [poller.LOST_PROBE_SPACING_S]),
+    Fact(r"LOST_RESUBMITS = (\d+)", [job_retry.LOST_RESUBMITS]),
+    Fact(r"waited (\d+) s since it was accepted or last probed", [poller.LOST_PROBE_AFTER_S]),
+    Fact(r"resubmits it under a new seq_id at most (\d+) times", [job_retry.LOST_RESUBMITS]),
     Fact(r"a failed attempt in the last (\d+) s", [hedge.LOSSY_WINDOW_S]),
     Fact(r"(\d+) × the 90th percentile", [hedge.FACTOR]),
     Fact(r"at least ([\d.]+) s, and only if", [hedge.MIN_DELAY_S]),

@@ -83,6 +83,7 @@ EXCEPTIONS = {  # docs/design/surface.md#exceptions
     "RequestFailedError",
     "FutureExpiredError",
     "FuturePollError",
+    "RequestLostError",
     "ClientClosedError",
     "ForkedProcessError",
     "MissingCredentialsError",

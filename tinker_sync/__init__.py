@@ -96,6 +96,7 @@ _EXPORTS: dict[str, str] = {
     "RequestFailedError": "tinker_sync.exceptions",
     "FutureExpiredError": "tinker_sync.exceptions",
     "FuturePollError": "tinker_sync.exceptions",
+    "RequestLostError": "tinker_sync.exceptions",
     "ClientClosedError": "tinker_sync.exceptions",
     "ForkedProcessError": "tinker_sync.exceptions",
     "MissingCredentialsError": "tinker_sync.exceptions",
@@ -159,6 +160,7 @@ __all__ = [
     "RateLimitError",
     "RequestErrorCategory",
     "RequestFailedError",
+    "RequestLostError",
     "RequestOptions",
     "RequestOutcome",
     "RestClient",
@@ -291,6 +293,9 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     )
     from tinker_sync.exceptions import (
         RequestFailedError as RequestFailedError,
+    )
+    from tinker_sync.exceptions import (
+        RequestLostError as RequestLostError,
     )
     from tinker_sync.exceptions import (
         RequestOutcome as RequestOutcome,

@@ -20,6 +20,7 @@ what the server did through ``outcome`` (a :class:`RequestOutcome`)::
     |   |-- APIResponseValidationError            a 2xx body that does not fit the schema
     |   |-- FutureExpiredError                    a poll got 410 (sampling resubmits)
     |   |-- FuturePollError                       polling an accepted future failed for good
+    |   |   `-- RequestLostError                  the server accepted the request, then lost it
     |   `-- StalledError                          no useful answer for stall_timeout seconds
     |
     `-- server said no (REJECTED: the operation did not take effect)
@@ -83,6 +84,7 @@ __all__ = [
     "RateLimitError",
     "RequestErrorCategory",
     "RequestFailedError",
+    "RequestLostError",
     "RequestOutcome",
     "RequestSnapshot",
     "ResponseSnapshot",
@@ -461,6 +463,28 @@ class FuturePollError(TinkerError, ValueError):
         super().__init__(message)
         self.status_code = status_code
         self.request_id = request_id
+
+
+class RequestLostError(FuturePollError):
+    """The server accepted a request, then lost it: polled alone by its request id it answers
+    404 (docs/polling.md#lost-requests). ``op`` names the operation (``"Sample"``,
+    ``"ForwardBackward"``, ...) and ``request_id`` the lost request.
+
+    A sample is resubmitted under a new seq_id a bounded number of times before this is
+    raised; a training op is never resubmitted (it may have been applied), so its future fails
+    with this error and later ops keep their turns (docs/sequencer.md#failure-rules).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str | None = None,
+        request_id: str | None = None,
+        status_code: int | None = 404,
+    ) -> None:
+        super().__init__(message, status_code=status_code, request_id=request_id)
+        self.op = op
 
 
 class StalledError(TinkerError):

@@ -17,6 +17,7 @@ from tinker_sync.exceptions import (
     FuturePollError,
     RequestErrorCategory,
     RequestFailedError,
+    RequestLostError,
 )
 
 JSON = {"content-type": "application/json"}
@@ -181,6 +182,25 @@ def test_other_4xx_fail_with_future_poll_error_chained_to_the_status_error(statu
     d = reply(status, {"detail": "no"})
     assert d.action is Action.FAIL and isinstance(d.exc, FuturePollError)
     assert d.exc.status_code == status and d.exc.__cause__ is not None
+
+
+def test_a_404_means_the_server_lost_the_request_and_names_the_op():
+    """docs/polling.md#lost-requests: a request polled by its own id answered 404."""
+    d = decide_reply(
+        404,
+        JSON,
+        json.dumps({"detail": "future r1 not found"}).encode(),
+        PollCounters(),
+        request_id="r1",
+        now=0,
+        elapsed=1,
+        jitter=0,
+        op="OptimStep",
+    )
+    assert d.action is Action.FAIL and isinstance(d.exc, RequestLostError)
+    assert d.exc.op == "OptimStep" and d.exc.request_id == "r1" and d.exc.status_code == 404
+    assert str(d.exc).startswith("OptimStep request_id=r1 was accepted, then lost by the server")
+    assert "future r1 not found" in str(d.exc)
 
 
 def test_non_json_2xx_is_a_validation_error():

@@ -31,6 +31,7 @@ from tinker_sync.exceptions import (
     FuturePollError,
     RequestErrorCategory,
     RequestFailedError,
+    RequestLostError,
     ResponseSnapshot,
     server_words,
     status_error_class,
@@ -132,8 +133,10 @@ def decide_reply(
     elapsed: float,
     jitter: float,
     billing_window_s: float = 3600.0,
+    op: str | None = None,
 ) -> Decision:
-    """Map one HTTP answer to the next step. ``jitter`` is a uniform draw in [0, 1)."""
+    """Map one HTTP answer to the next step. ``jitter`` is a uniform draw in [0, 1);
+    ``op`` (the request type) names the operation in a :class:`RequestLostError`."""
     counters.lost_replies = 0
     if status != 429:
         counters.backoff_n = 0
@@ -224,6 +227,8 @@ def decide_reply(
         exc = FutureExpiredError(f"request {request_id} expired on the server (HTTP 410)")
         exc.__cause__ = error
         return Decision(Action.FAIL, exc=exc)
+    if status == 404:
+        return lost_decision(request_id, op, error)
     if status == 400:
         counters.bad_400 += 1
         if counters.bad_400 <= MAX_BAD_400:
@@ -238,6 +243,22 @@ def decide_reply(
             return Decision(Action.RETRY, BILLING_PAUSE_S, "billing pause (HTTP 402)", error)
         return _poll_failed(request_id, status, error, "the billing pause window passed")
     return _poll_failed(request_id, status, error, f"HTTP {status}")
+
+
+def lost_decision(request_id: str, op: str | None, cause: BaseException) -> Decision:
+    """A 404 for a request polled by its own id: the server accepted it, then lost it
+    (docs/polling.md#lost-requests)."""
+    snapshot = getattr(cause, "response", None)
+    words = server_words(snapshot.content) if snapshot is not None else ""
+    said = f": {words}" if words else ""
+    exc = RequestLostError(
+        f"{op or 'request'} request_id={request_id} was accepted, then lost by the server "
+        f"(HTTP 404 when polled by its request id{said})",
+        op=op,
+        request_id=request_id,
+    )
+    exc.__cause__ = cause
+    return Decision(Action.FAIL, exc=exc)
 
 
 def _poll_failed(request_id: str, status: int, cause: BaseException, why: str) -> Decision:

@@ -244,6 +244,7 @@ class Poll:
                     elapsed=clock.monotonic() - started,
                     jitter=clock.random(),
                     billing_window_s=billing_window,
+                    op=self.request_type,
                 )
             self.counters.iteration += 1
             self.progress.attempts = self.counters.iteration

@@ -25,6 +25,16 @@ fail with StalledError); a 400 is retried at most 3 times (1 s apart; the budget
 anything else fails every current and future waiter with :class:`TinkerError`, except that a
 completion already recorded still wins.
 
+Lost requests (docs/polling.md#lost-requests): any answered poll counts as progress, so a
+request the server accepted and then lost would wait forever. After each answered poll, the
+waiter that has waited longest, once it has waited :data:`LOST_PROBE_AFTER_S` (on the session
+clock) since it registered or was last probed, is probed alone: one ``retrieve_future`` by its
+request id (no hold when the server honours requested holds), on ``pool("sample-poll")``. One
+probe per poller is in flight at a time, at least :data:`LOST_PROBE_SPACING_S` apart. A 404
+fails the waiter with :class:`RequestLostError` (the sampling layer resubmits it), a 410 with
+:class:`FutureExpiredError`; a finished future the poller never heard of is handed to the
+waiter as a size-less completion; ``try_again`` and errors change nothing.
+
 Waiters do not occupy threads: the poller records completions and hands each waiter's callback
 to a :class:`~tinker_sync._runtime.executor.BoundedLane` on ``pool("sample-poll")`` (at most 16 at
 once per poller), where the sample's payload fetch runs.
@@ -36,6 +46,7 @@ in a forked child. Its locks are fork-safe, so touching an inherited poller neve
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -45,6 +56,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tinker_sync._config import Timeout
 from tinker_sync._flow.health import Progress, StallWatch
 from tinker_sync._flow.retry import BILLING_PAUSE_S, classify
+from tinker_sync._polling.decide import lost_decision
+from tinker_sync._polling.hold import HOLD_HEADER
 from tinker_sync._runtime.clock import exiting
 from tinker_sync._runtime.executor import BoundedLane, pool
 from tinker_sync._runtime.fork import make_condition, make_lock, register_after_fork
@@ -52,6 +65,7 @@ from tinker_sync._transport import Pool, RequestSpec, error_from_reply
 from tinker_sync.exceptions import (
     APIStatusError,
     ClientClosedError,
+    FutureExpiredError,
     TinkerError,
 )
 
@@ -67,6 +81,13 @@ RETRYABLE_SLEEP_S = 1.0
 FETCH_LANE_LIMIT = 10
 IDLE_EXIT_S = 30.0
 MAX_FORGOTTEN = 10_000
+#: A waiter still pending this long (session clock) after it registered, or after its last
+#: probe, while polls are answered, is probed alone by its request id: three 5 s holds.
+LOST_PROBE_AFTER_S = 15.0
+#: Probes of one poller go one at a time, at least this far apart (at most 5 per second).
+LOST_PROBE_SPACING_S = 0.2
+#: Read timeout of a probe on a server that honours requested holds (it asks for none).
+PROBE_TIMEOUT = Timeout(5.0, connect=5.0)
 
 
 class Waiter(Protocol):
@@ -110,6 +131,12 @@ class SessionFuturesPoller:
         #: Cancelled request ids whose completion may still arrive (then dropped).
         self._forgotten: dict[str, None] = {}
         self._retrieved: set[str] = set()
+        #: Per waiter: session-clock time it registered or was last probed (lost requests).
+        self._probed: dict[str, float] = {}
+        self._probing: str | None = None
+        self._last_probe_at = float("-inf")
+        #: Number of lost-request probes sent (tests and debugging).
+        self.probes = 0
         self._cursor = 0
         self._acked_cursor = 0
         self._failure: str | None = None
@@ -143,6 +170,7 @@ class SessionFuturesPoller:
                     failure = None
                     self._waiters[request_id] = waiter
                     self._joined[request_id] = (self.polls, time.monotonic())
+                    self._probed[request_id] = self.session.clock.monotonic()
                     self.parked.clear()
                     self._ensure_thread()
                     self._cond.notify_all()
@@ -350,6 +378,91 @@ class SessionFuturesPoller:
             self._check_abandoned(current)
             if closing:
                 return
+            self._maybe_probe()
+
+    # ---------------------------------------------------------------- lost requests
+
+    def _maybe_probe(self) -> None:
+        """After an answered poll: probe the longest-waiting overdue waiter, if none is being
+        probed and the last probe is at least LOST_PROBE_SPACING_S old."""
+        now = self.session.clock.monotonic()
+        with self._lock:
+            if (
+                self._probing is not None
+                or self._closing
+                or now - self._last_probe_at < LOST_PROBE_SPACING_S
+            ):
+                return
+            due = [(since, rid) for rid, since in self._probed.items()]
+            if not due:
+                return
+            since, request_id = min(due)
+            if now - since < LOST_PROBE_AFTER_S:
+                return
+            self._probing = request_id
+            self._last_probe_at = now
+            self._probed[request_id] = now
+            self.probes += 1
+        try:
+            pool("sample-poll").submit(self._probe, request_id)
+        except BaseException:
+            with self._lock:
+                self._probing = None
+            raise
+
+    def _probe(self, request_id: str) -> None:
+        try:
+            self._probe_once(request_id)
+        except Exception as exc:  # a probe never harms the waiter: it waits on
+            log.debug("lost-request probe of %s failed: %r", request_id, exc)
+        finally:
+            with self._lock:
+                self._probing = None
+
+    def _probe_once(self, request_id: str) -> None:
+        if self.session.closed or exiting():
+            return
+        hold = self.session.poll_hold
+        headers = {"X-Tinker-Request-Type": "Sample"}
+        if hold.server_max is not None:
+            headers[HOLD_HEADER] = "0"
+            timeout = PROBE_TIMEOUT
+        else:  # an older server holds it as long as it likes
+            timeout = hold.plan().timeout
+        spec = RequestSpec(
+            method="POST",
+            path="/api/v1/retrieve_future",
+            pool=Pool.RETRIEVE_PROMISE,
+            json={"request_id": request_id, "allow_metadata_only": True},
+            headers=headers,
+            timeout=timeout,
+            max_retries=0,
+            sdk_method=None,
+        )
+        reply = self.session.transport.send_once(spec)
+        hold.learn(reply.headers)
+        failure: BaseException | None = None
+        if reply.status == 404:
+            failure = lost_decision(request_id, "Sample", error_from_reply(reply)).exc
+            log.warning("%s", failure)
+        elif reply.status == 410:
+            failure = FutureExpiredError(
+                f"request {request_id} expired on the server (HTTP 410 when probed alone)"
+            )
+        elif reply.status >= 300 or _is_try_again(reply.content, reply.headers):
+            return  # pending, or the probe failed: keep waiting
+        with self._lock:
+            waiter = self._take(request_id)
+            if waiter is not None and failure is None:
+                # Done, but its completion never came: drop it if it comes after all.
+                self._forgotten[request_id] = None
+        if waiter is None:
+            return
+        if failure is not None:
+            self.lane.submit(waiter.on_failure, failure)
+        else:
+            log.info("request %s finished without a retrieve_futures completion", request_id)
+            self.lane.submit(waiter.on_completion, {"state": "finished", "request_id": request_id})
 
     def _check_abandoned(self, current: list[tuple[str, Waiter]]) -> None:
         for rid, waiter in current:
@@ -369,6 +482,7 @@ class SessionFuturesPoller:
     def _take(self, request_id: str) -> Waiter | None:
         # Called with the lock held: remove one waiter (None if it was not waiting).
         self._joined.pop(request_id, None)
+        self._probed.pop(request_id, None)
         return self._waiters.pop(request_id, None)
 
     def _take_all(self) -> list[Waiter]:
@@ -376,6 +490,7 @@ class SessionFuturesPoller:
         waiters = list(self._waiters.values())
         self._waiters.clear()
         self._joined.clear()
+        self._probed.clear()
         return waiters
 
     def _fail_waiters(self, exc: BaseException) -> None:
@@ -393,6 +508,17 @@ class SessionFuturesPoller:
             self._running = False
         for waiter in waiters:
             self.lane.submit(waiter.on_failure, TinkerError(message))
+
+
+def _is_try_again(content: bytes, headers: Any) -> bool:
+    """Whether a 2xx ``retrieve_future`` answer says the future is still pending."""
+    if "json" not in headers.get("content-type", ""):
+        return False
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("type") == "try_again"
 
 
 def _parse(data: object) -> tuple[list[dict[str, Any]], int]:

@@ -36,7 +36,7 @@ from tinker_sync._polling.decide import Decision
 from tinker_sync._polling.loop import Poll
 from tinker_sync._polling.poller import SessionFuturesPoller, cancel_queue_for
 from tinker_sync._runtime.executor import BoundedLane, Claimable, call_later, pool
-from tinker_sync._sampling.retry import RetryHandler
+from tinker_sync._sampling.retry import LOST_RESUBMITS, RetryHandler
 from tinker_sync._transport import (
     Pool,
     RequestSpec,
@@ -49,6 +49,7 @@ from tinker_sync.exceptions import (
     ClientClosedError,
     MissingCredentialsError,
     RequestFailedError,
+    RequestLostError,
     SamplingStuckError,
 )
 from tinker_sync.types import (
@@ -101,6 +102,8 @@ class SampleJob:
         self._lock = threading.Lock()
         self.request_id: str | None = None
         self._cancel_sent: set[str] = set()
+        #: Request ids the server accepted and then lost (docs/polling.md#lost-requests).
+        self.lost: list[str] = []
         self._stop: BaseException | None = None
         self._released = False
         self.fut: APIFuture[Any] = APIFuture(on_cancel=self._on_cancel, description="Sample")
@@ -392,7 +395,14 @@ class SampleJob:
                 request_id = self.request_id
             if request_id is not None:
                 self._server_cancel(request_id)
-        if error is not None and self.retry and self.config.is_retryable(error):
+        if isinstance(error, RequestLostError):
+            final = self._lost(error)
+            resubmit = final is None
+            error = final or error
+        else:
+            resubmit = self.retry and error is not None and self.config.is_retryable(error)
+        if resubmit:
+            assert error is not None
             stalled = self._stalled(error)
             if stalled is not None:
                 self._release(progressed=False)
@@ -429,6 +439,26 @@ class SampleJob:
             self.fut._fail(error)
         else:
             self.fut._resolve(value)
+
+    def _lost(self, error: RequestLostError) -> RequestLostError | None:
+        """The server lost this attempt: resubmit (None) at most LOST_RESUBMITS times, else
+        the error to fail with, naming every lost request id."""
+        with self._lock:
+            if error.request_id is not None:
+                self.lost.append(error.request_id)
+            lost = list(self.lost)
+        if self.retry and len(lost) <= LOST_RESUBMITS:
+            return None
+        if len(lost) <= 1:
+            return error
+        final = RequestLostError(
+            f"{error.message}; resubmitted {len(lost) - 1} time(s), each lost "
+            f"(request ids {', '.join(lost)})",
+            op=error.op,
+            request_id=error.request_id,
+        )
+        final.__cause__ = error
+        return final
 
     def _stalled(self, error: BaseException) -> BaseException | None:
         """The user's knobs bound this layer too: ``max_retries=0`` (no retry: ``error``) and

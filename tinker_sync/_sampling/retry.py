@@ -8,7 +8,8 @@ Usage::
     delay = retry_config.delay(attempt, clock.random())
 
 It retries a whole sample under a new seq_id after timeouts, connection errors,
-408/409/429/5xx and expired futures, with exponential backoff and jitter, and fails calls that
+408/409/429/5xx and expired futures (and, at most :data:`LOST_RESUBMITS` times, a request the
+server lost), with exponential backoff and jitter, and fails calls that
 see no progress for ``progress_timeout`` (docs/design/behavior.md#sampling-retry-layer).
 
 Thread safety: handlers are shared by every thread sampling on one session; one lock each.
@@ -37,7 +38,12 @@ from tinker_sync.exceptions import (
 if TYPE_CHECKING:
     from tinker_sync._session.state import Session
 
-__all__ = ["RetryConfig", "RetryHandler", "handler_for"]
+__all__ = ["LOST_RESUBMITS", "RetryConfig", "RetryHandler", "handler_for"]
+
+#: A sample the server accepted and then lost (404 when polled alone) is resubmitted under a
+#: new seq_id at most this many times; the next loss fails it with RequestLostError
+#: (docs/polling.md#lost-requests).
+LOST_RESUBMITS = 2
 
 
 def _positive_or_none(_inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:

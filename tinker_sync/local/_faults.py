@@ -234,9 +234,7 @@ class Fault:
     def is_poll_action(self) -> bool:
         """True when the action is carried out by the app (queue state, fail, expire, metadata,
         lose)."""
-        return bool(
-            self.queue_state or self.fail or self.expire or self.metadata_only or self.lose
-        )
+        return bool(self.queue_state or self.fail or self.expire or self.metadata_only or self.lose)
 
     def _auto_name(self) -> str:
         head = self.endpoint + (f"@{self.method}" if self.method else "")
