@@ -76,7 +76,13 @@ class Rig:
     def wait_registered(self, submissions: int) -> None:
         """Until the ``submissions``-th asample was accepted and waits on the poller, and the
         poller has had answered polls since (so it is healthy and checked its waiters)."""
-        until(lambda: len(self.sent("asample")) == submissions and self.poller.waiting == 1)
+        until(
+            lambda: (
+                len(self.sent("asample")) == submissions
+                and self.sampler._poller is not None  # made when the first sample is accepted
+                and self.sampler._poller.waiting == 1
+            )
+        )
         polls = self.poller.polls
         until(lambda: self.poller.polls >= polls + 2)
 
