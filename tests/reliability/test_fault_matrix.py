@@ -46,6 +46,7 @@ from tinker_sync.exceptions import (
     InternalServerError,
     RequestErrorCategory,
     RequestFailedError,
+    RequestLostError,
     RequestOutcome,
     TinkerError,
 )
@@ -201,6 +202,21 @@ FAULTS: list[FaultKind] = [
             per_call=Expect(len(REST_EPS), APIStatusError, RequestOutcome.REJECTED),
             training=Expect(1, FutureExpiredError, RequestOutcome.UNKNOWN),
             sampling=OK,  # a polled 410 resubmits the sample with a new seq_id (docs/design/behavior.md#sampling-retry-layer)
+        ),
+    ),
+    FaultKind(
+        "poll_404_lost",
+        # the server no longer knows the request (docs/polling.md#lost-requests)
+        lambda t: (
+            None
+            if t == "rest"
+            else poll(("ForwardBackward",) if t == "training" else poll_kinds(t), "404 x1")
+        ),
+        lambda t: _rest_or_count(
+            t,
+            per_call=OK,
+            training=Expect(1, RequestLostError, RequestOutcome.UNKNOWN),
+            sampling=OK,  # resubmitted under a new seq_id (at most twice)
         ),
     ),
     FaultKind(
@@ -420,7 +436,7 @@ def check_sampling(
     # (docs/design/behavior.md#sampling-lock-free-seq-ids,
     # docs/design/behavior.md#sampling-retry-layer): only the faults that fail an accepted sample
     # (polled 410) or a 5xx the HTTP layers gave up on
-    resubmits = fk.name in ("410_expired", "5xx_should_retry_false")
+    resubmits = fk.name in ("410_expired", "5xx_should_retry_false", "poll_404_lost")
     fresh = hits if resubmits else 0
     assert len({r.json["seq_id"] for r in asamples}) == len(ops) + fresh
     by_seq_prompt: dict[int, set[str]] = collections.defaultdict(set)
