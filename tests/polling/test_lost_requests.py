@@ -109,6 +109,8 @@ def make_rig() -> Iterator[Callable[..., Rig]]:
 def test_a_lost_sample_is_probed_once_then_resubmitted_under_a_new_seq_id(make_rig):
     rig = make_rig(["asample lose"])
     fut = rig.sampler.sample(PROMPT, 1, PARAMS)
+    settled: list[Any] = []
+    fut.add_done_callback(settled.append)
     rig.wait_registered(1)
     assert rig.probes() == []  # answered polls alone probe nothing before LOST_PROBE_AFTER_S
     rig.clock.advance(LOST_PROBE_AFTER_S - 0.1)
@@ -125,6 +127,8 @@ def test_a_lost_sample_is_probed_once_then_resubmitted_under_a_new_seq_id(make_r
     assert rig.probes() == [(lost_id, 404)]  # one probe, of the lost request only
     assert rig.poller.probes == 1
     assert fut.request_id != lost_id
+    until(lambda: len(settled) == 1)
+    assert settled == [fut]  # completed once
 
 
 def test_a_sample_lost_every_time_fails_with_request_lost_error_naming_each_id(make_rig):

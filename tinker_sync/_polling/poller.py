@@ -183,10 +183,14 @@ class SessionFuturesPoller:
         """Drop the waiter of ``request_id`` (cancelled); True if it was still waiting."""
         with self._lock:
             if self._completions.pop(request_id, None) is None:
-                self._forgotten[request_id] = None
-                while len(self._forgotten) > MAX_FORGOTTEN:
-                    del self._forgotten[next(iter(self._forgotten))]
+                self._forget_completion(request_id)
             return self._take(request_id) is not None
+
+    def _forget_completion(self, request_id: str) -> None:
+        # Called with the lock held: a completion of request_id that arrives later is dropped.
+        self._forgotten[request_id] = None
+        while len(self._forgotten) > MAX_FORGOTTEN:
+            del self._forgotten[next(iter(self._forgotten))]
 
     def mark_retrieved(self, request_id: str) -> None:
         """Report ``request_id``'s payload as fetched on the next successful poll."""
@@ -455,7 +459,7 @@ class SessionFuturesPoller:
             waiter = self._take(request_id)
             if waiter is not None and failure is None:
                 # Done, but its completion never came: drop it if it comes after all.
-                self._forgotten[request_id] = None
+                self._forget_completion(request_id)
         if waiter is None:
             return
         if failure is not None:
