@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 
 import attrs
 
@@ -60,11 +61,16 @@ FEW_POLLS = 32
 
 @attrs.frozen
 class PollPlan:
-    """One poll's hold (None: the server decides), read timeout and extra headers."""
+    """One poll's hold (None: the server decides), read timeout and extra headers (shared by
+    every poll with the same plan: read-only)."""
 
     hold_s: float | None
     timeout: Timeout
     headers: Mapping[str, str]
+
+
+#: The plan without the server's advert, or with many polls in flight.
+_LEGACY_PLAN = PollPlan(None, LEGACY_TIMEOUT, MappingProxyType({}))
 
 
 def _fmt(seconds: float) -> str:
@@ -80,6 +86,9 @@ class PollHold:
         self._max: float | None = None
         self._active = 0
         self._threads: dict[int, int] = {}  # thread ident -> polls it has in flight
+        # The short-hold plan of the last advert (limit, connect timeout, plan): built once,
+        # not per poll (each poll asks for its plan twice).
+        self._short: tuple[float, float | None, PollPlan] | None = None
 
     @property
     def server_max(self) -> float | None:
@@ -104,10 +113,15 @@ class PollHold:
         if active is None:
             active = self._active
         if limit is None or active > FEW_POLLS:
-            return PollPlan(None, LEGACY_TIMEOUT, {})
+            return _LEGACY_PLAN
+        short, connect = self._short, self.connect_timeout
+        if short is not None and short[0] == limit and short[1] == connect:
+            return short[2]
         hold = min(limit, MIN_HOLD_S)
-        timeout = Timeout(hold + MARGIN_S, connect=self.connect_timeout)
-        return PollPlan(hold, timeout, {HOLD_HEADER: _fmt(hold)})
+        timeout = Timeout(hold + MARGIN_S, connect=connect)
+        plan = PollPlan(hold, timeout, MappingProxyType({HOLD_HEADER: _fmt(hold)}))
+        self._short = (limit, connect, plan)  # one tuple: a racing reader sees old or new
+        return plan
 
     @contextlib.contextmanager
     def polling(self) -> Iterator[PollPlan]:

@@ -248,6 +248,14 @@ class _Reply:
             self.done = True
 
 
+def _set_timeout(sock: socket.socket, timeout: float | None) -> None:
+    """``sock.settimeout(timeout)`` unless it is already set: each call is a syscall that
+    releases the GIL (a thread hand-off under load, docs/transport.md), and a kept-alive
+    connection's requests mostly use the same timeout."""
+    if sock.gettimeout() != timeout:
+        sock.settimeout(timeout)
+
+
 class DirectConnection:
     """One keep-alive connection: write a request, read its whole reply.
 
@@ -306,7 +314,7 @@ class DirectConnection:
                 if left <= 0:
                     raise TimeoutError("the reply did not complete within the attempt deadline")
                 timeout = left if timeout is None else min(timeout, left)
-            sock.settimeout(timeout)
+            _set_timeout(sock, timeout)
             data = sock.recv(_RECV_SIZE)
             if not data:
                 return self._at_eof(reply, received)
@@ -402,7 +410,7 @@ class DirectPool:
                     if wait is None
                     else max(0.0, min(wait, deadline - time.monotonic()))
                 )
-            conn.sock.settimeout(wait)
+            _set_timeout(conn.sock, wait)
             conn.request(head, body)
             status, reply_headers, content, reusable = conn.read_reply(
                 method, self.limit, timeout.read, deadline
