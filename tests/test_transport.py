@@ -26,6 +26,7 @@ import textwrap
 import threading
 import time
 import types
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,6 +53,7 @@ from tinker_sync._transport import (
     _connection,
     _direct,
     _exchange,
+    _models,
     _pools,
     close_all_pools,
     context_without_sdk_method,
@@ -258,6 +260,32 @@ def get(path: str = "/api/v1/x", **kw: Any) -> RequestSpec:
 )
 def test_quote_path(segment: str, expected: str) -> None:
     assert quote_path(segment) == expected
+
+
+def test_idempotency_keys_are_uuid4s_unique_across_blocks_of_random_bytes() -> None:
+    keys = [_transport.new_idempotency_key() for _ in range(3 * _models.KEY_BLOCK + 1)]
+    assert len(set(keys)) == len(keys)
+    for key in keys:
+        value = uuid.UUID(key.removeprefix("tinker_sync-retry-"))
+        assert value.version == 4 and value.variant == uuid.RFC_4122
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_reuses_the_parents_idempotency_key_bytes() -> None:
+    _transport.new_idempotency_key()  # the parent now holds unused random bytes
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            os.write(write, _transport.new_idempotency_key().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        child_key = pipe.read().decode()
+    os.waitpid(pid, 0)
+    assert child_key.startswith("tinker_sync-retry-")
+    assert child_key != _transport.new_idempotency_key()
 
 
 def test_request_spec_defaults() -> None:

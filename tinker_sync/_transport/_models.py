@@ -13,12 +13,14 @@ from __future__ import annotations
 import enum
 import json as _json
 import os
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 import attrs
 
 from tinker_sync._config import Timeout
+from tinker_sync._runtime.fork import register_after_fork
 from tinker_sync._runtime.redact import redact_headers
 from tinker_sync._transport._context import current_sdk_method
 from tinker_sync.exceptions import (
@@ -59,9 +61,25 @@ DEFAULT_POOL_SIZES: Mapping[Pool, int] = {
 """``pool_maxsize`` per pool: above the SDK's thread counts, so no request waits or churns."""
 
 
+#: Keys drawn per ``os.urandom`` call: each call is a syscall that releases the GIL (a thread
+#: hand-off when the caller's code keeps the GIL busy), so keys come from blocks of random bytes.
+KEY_BLOCK = 64
+_key_bytes: deque[bytes] = deque()  # 16 unused random bytes per entry; popleft is atomic
+register_after_fork(_key_bytes.clear)  # a forked child never reuses its parent's bytes
+
+
+def _random16() -> bytes:
+    try:
+        return _key_bytes.popleft()
+    except IndexError:
+        raw = os.urandom(16 * KEY_BLOCK)
+        _key_bytes.extend(raw[i : i + 16] for i in range(16, len(raw), 16))
+        return raw[:16]
+
+
 def new_idempotency_key() -> str:
     """A fresh ``X-Idempotency-Key`` value (one per logical request): a random UUID4."""
-    raw = bytearray(os.urandom(16))  # what uuid.uuid4() does, without its object (hot path)
+    raw = bytearray(_random16())  # what uuid.uuid4() does, without its object (hot path)
     raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
     raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
     h = raw.hex()
