@@ -374,7 +374,9 @@ service.close()
 def sdk_threads():
     return [t.name for t in threading.enumerate() if t.name.startswith("tinker_sync-")]
 give_up = threading.Event()
-threading.Timer(30, give_up.set).start()
+give_up_timer = threading.Timer(30, give_up.set)
+give_up_timer.daemon = True                       # the child exits when done, not 30 s later
+give_up_timer.start()
 while sdk_threads() and not give_up.is_set():   # idle workers exit on close, not after 30 s
     pause.wait(0.01)
 print(json.dumps({"ok": ok, **peak, "after_close": sdk_threads()}), flush=True)
