@@ -389,12 +389,13 @@ DRIPS: dict[str, Action] = {
 def test_a_dripping_peer_is_cut_at_the_attempt_deadline(
     hostile: Hostile, send: Callable[..., Any], case: str
 ) -> None:
-    """The read timeout (0.5 s) restarts with every byte; the attempt's deadline (connect +
-    2 x read = 1.5 s) does not. Endless interim replies are refused after MAX_INTERIM."""
+    """The read timeout (0.2 s, ten drip pauses) restarts with every byte; the attempt's
+    deadline (connect + 2 x read = 0.6 s) does not. Endless interim replies are refused after
+    MAX_INTERIM."""
     hostile.script(DRIPS[case], reply(b'{"reply":2}'))
     start = time.monotonic()
     with pytest.raises(TinkerError) as info:
-        send(Timeout(0.5, connect=0.5))
+        send(Timeout(0.2, connect=0.2))
     assert time.monotonic() - start < GUARD_S / 2  # not held until the peer gives up
     assert isinstance(info.value, (APITimeoutError, APIConnectionError))
     assert info.value.outcome is RequestOutcome.UNKNOWN
