@@ -526,9 +526,10 @@ def test_spawn_pool_samples_through_pickles_and_handles(srv, monkeypatch):
     _sample_in_pool("spawn", 2, srv, monkeypatch)
 
 
-@pytest.mark.slow
+@pytest.mark.full
 def test_spawn_pool_of_8_workers_samples_through_pickles_and_handles(srv, monkeypatch):
-    """A spawn pool of 8 workers (full size) (docs/design/behavior.md#credential-free-pickles)."""
+    """A spawn pool of 8 workers (full size; the spawn pool of 2 and the forkserver pool of 8
+    always run) (docs/design/behavior.md#credential-free-pickles)."""
     _sample_in_pool("spawn", 8, srv, monkeypatch)
 
 

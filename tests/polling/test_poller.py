@@ -427,9 +427,10 @@ def test_1000_pending_samples_through_the_poller_stay_within_24_threads():
     _pending_samples_within_bounds(1000, poller=True, bound=24)
 
 
-@pytest.mark.slow
+@pytest.mark.full
 def test_2000_pending_samples_through_the_poller_stay_within_24_threads():
-    """Full size: 2,000 pending samples, peak SDK threads <= 24; none left after close()."""
+    """Full size of the 1,000 test: 2,000 pending samples, peak SDK threads <= 24; none left
+    after close()."""
     _pending_samples_within_bounds(2000, poller=True, bound=24)
 
 
