@@ -389,13 +389,13 @@ DRIPS: dict[str, Action] = {
 def test_a_dripping_peer_is_cut_at_the_attempt_deadline(
     hostile: Hostile, send: Callable[..., Any], case: str
 ) -> None:
-    """The read timeout (0.2 s, ten drip pauses) restarts with every byte; the attempt's
-    deadline (connect + 2 x read = 0.6 s) does not. Endless interim replies are refused after
+    """The read timeout (0.3 s, 15 drip pauses) restarts with every byte; the attempt's
+    deadline (connect + 2 x read = 0.9 s) does not. Endless interim replies are refused after
     MAX_INTERIM."""
     hostile.script(DRIPS[case], reply(b'{"reply":2}'))
     start = time.monotonic()
     with pytest.raises(TinkerError) as info:
-        send(Timeout(0.2, connect=0.2))
+        send(Timeout(0.3, connect=0.3))
     assert time.monotonic() - start < GUARD_S / 2  # not held until the peer gives up
     assert isinstance(info.value, (APITimeoutError, APIConnectionError))
     assert info.value.outcome is RequestOutcome.UNKNOWN
