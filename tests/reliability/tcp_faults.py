@@ -28,6 +28,9 @@ proxy, so a single-threaded client sees the same faults on every run; with many 
 threads the sequence of draws is the same and only which request gets which draw depends on
 scheduling. ``script`` replaces the draw (tests that need one fault on one request).
 
+``rates`` may be replaced while the proxy runs: ``proxy.rates = FaultRates(accept_close=1.0)``
+closes every new connection at once (a server that is down), ``accepted`` counts connects.
+
 ``strip_reply_headers`` removes headers from every reply (e.g. to play a server that does not
 advertise something). Bounded: loopback only, at most ``max_connections`` client connections at once, every wait
 ends at ``close()``, holds end after ``hold_max_s``. ``close()`` returns within a second or so.
@@ -184,6 +187,13 @@ class TcpFaultProxy:
             if self._accept_closed:
                 counter[Fault.ACCEPT_CLOSE.value] = self._accept_closed
         return dict(counter)
+
+    @property
+    def accepted(self) -> int:
+        """Client connections accepted so far (those closed at once by ``accept_close``
+        included): how many times a client connected."""
+        with self._lock:
+            return self._connections
 
     @property
     def open_connections(self) -> int:
