@@ -18,6 +18,7 @@ only runs the client side, one step per line it reads on stdin, and answers on s
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import threading
@@ -137,9 +138,12 @@ def run_bad(b: SdkBench) -> dict[str, Any]:
     wait_for("go")
     ordinary()  # untimed: connections and threads in place
     clean = [ordinary() for _ in range(reps)]
-    answered = lambda: admin.call(  # noqa: E731
-        "GET", "requests/count", query={"endpoint": "asample", "status": 500}
-    )["count"]
+
+    def answered() -> int:
+        """How many times the server answered a sample submission 500 (the bad one)."""
+        query = {"endpoint": "asample", "status": 500}
+        return int(admin.call("GET", "requests/count", query=query)["count"])
+
     t_bad = time.monotonic()
     bad = sampler.sample(prompt=prompt, num_samples=2, sampling_params=params)
     wait_until(lambda: answered() >= 1, timeout=30.0)
@@ -172,12 +176,8 @@ def main(argv: list[str]) -> None:
         raise SystemExit(__doc__)
     label = argv[0]
     args = parse_worker_args(argv[1:])
-    if label == "ours":
-        import tinker_sync as sdk
-    else:
-        import tinker as sdk
-
-        warnings.simplefilter("ignore", FutureWarning)
+    sdk = importlib.import_module("tinker_sync" if label == "ours" else "tinker")
+    warnings.simplefilter("ignore", FutureWarning)
     runner = RUNNERS[str(args.size[args.bench]["runner"])]
     result = runner(SdkBench(sdk, label, args, args.bench))
     finish({"sdk": label, "benches": {args.bench: result}})

@@ -28,9 +28,10 @@ Scenarios (:data:`SCENARIOS`):
   after the first 10 s (the proxy's accepts: a kernel-refused connect cannot be counted from
   user space, and the official SDK's Rust transport bypasses Python's socket hooks), then as
   ``storm``.
-* ``paused``: the server declares a pause (``pause("paused_capacity")``: polls answer
-  ``try_again`` with that queue state within 1 s) while ``pending`` samples wait (no training
-  loop: it would count its own requests). Reported: requests per second after the first 10 s.
+* ``paused``: ``pending`` samples are accepted as in ``storm`` (no training loop: it would
+  count its own requests), then the server declares a pause (``pause("paused_capacity")``:
+  polls answer ``try_again`` with that queue state within 1 s). Reported: requests per second
+  after the first 10 s, and the recovery after ``resume``.
 * ``bad``: one sample (``num_samples=2``) is answered 500 with the same ``detail`` forever while
   ``ordinary`` samples run alongside. Reported: seconds until that sample's future ends (capped
   at ``bad_cap_s``: "still pending") and whether its error carries the server's words; the
@@ -282,10 +283,7 @@ def run_outage(
     worker = Worker(sdk, scenario.name, size, url, server.api_key)
     try:
         worker.expect("ready")
-        if scenario.name == "paused":
-            server.pause("paused_capacity", "bench_outage: paused", kind="sampling")
-        else:
-            server.pause("active", kind="sampling")
+        server.pause("active", kind="sampling")  # samples accepted, polls held: all pending
         base = server.requests.count(endpoint="asample")
         worker.send("go")
         worker.expect("submitted")
@@ -293,11 +291,13 @@ def run_outage(
 
         def count() -> int:
             if proxy is not None:
-                return proxy.accepted
+                return int(proxy.accepted)
             return int(server.requests.count())
 
         if scenario.name == "storm":
             server.faults.extend(["* 503 x*"])
+        elif scenario.name == "paused":
+            server.pause("paused_capacity", "bench_outage: paused", kind="sampling")
         elif proxy is not None:
             proxy.rates = FaultRates(accept_close=1.0)
             server.refuse_connections(window)
@@ -467,7 +467,7 @@ def make_rows(
             built = build_row(row, by_bench, {}, context, loads.get(bench))
             built["met"] = _met(metric, per_sdk["ours"])
             built["met_official"] = _met(metric, per_sdk["official"])
-            detail = {
+            detail: dict[str, Any] = {
                 sdk: {k: v for k, v in r.items() if k != metric.key}
                 for sdk, r in per_sdk.items()
                 if r is not None
