@@ -92,7 +92,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "drain_cap_s": 60.0,
         "bad_cap_s": 60.0,
         "ordinary": 100,
-        "reps": 5,
+        "reps": 9,
     },
     "quick": {
         "pending": [500],
@@ -100,7 +100,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "drain_cap_s": 45.0,
         "bad_cap_s": 45.0,
         "ordinary": 100,
-        "reps": 5,
+        "reps": 9,
     },
 }
 
