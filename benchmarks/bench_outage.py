@@ -33,7 +33,8 @@ Scenarios (:data:`SCENARIOS`):
   polls answer ``try_again`` with that queue state within 1 s). Reported: requests per second
   after the first 10 s, and the recovery after ``resume``.
 * ``bad``: one sample (``num_samples=2``) is answered 500 with the same ``detail`` forever while
-  ``ordinary`` samples run alongside. Reported: seconds until that sample's future ends (capped
+  ``ordinary`` samples run alongside (their submissions answered after
+  :data:`ORDINARY_DELAY_S`, so that their wall time is not lost in noise). Reported: seconds until that sample's future ends (capped
   at ``bad_cap_s``: "still pending") and whether its error carries the server's words; the
   ordinary samples' wall time against a clean run in the same process (``reps`` each, medians).
 * ``lost``: a request the server accepts and then loses; skipped while the local server has no
@@ -83,6 +84,9 @@ LONG_POLL_S = 10.0
 SKIP_S = 10.0
 #: What the server answers the bad request, every time.
 BAD_WORDS = "token 300000 is out of the model's vocabulary (bench_outage)"
+#: In ``bad``, every other sample submission is answered after this delay (a server doing real
+#: work): the ordinary samples' wall is then long enough to compare, not ~50 ms of noise.
+ORDINARY_DELAY_S = 0.25
 
 #: Per mode: pending counts, window, caps. ``quick`` stays under ~6 minutes for both SDKs.
 SIZES: dict[str, dict[str, Any]] = {
@@ -357,10 +361,11 @@ def run_bad(
         "match": {"num_samples": 2},
         "body": {"detail": BAD_WORDS},
     }
+    slow = {"endpoint": "asample", "delay": ORDINARY_DELAY_S, "times": None}
     worker = Worker(sdk, scenario.name, size, server.url, server.api_key)
     try:
         worker.expect("ready")
-        server.faults.extend([rule])
+        server.faults.extend([rule, slow])
         worker.send("go")
         result = worker.result(timeout=float(size["bad_cap_s"]) + 120.0)
     finally:
