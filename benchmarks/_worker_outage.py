@@ -14,6 +14,8 @@ only runs the client side, one step per line it reads on stdin, and answers on s
 * ``bad``: say ``ready``; on ``go`` time ``ordinary`` samples ``reps`` times (clean), submit
   the bad sample (``num_samples=2``, which the orchestrator's fault answers 500 forever), time
   the ordinary samples again while it is pending, then wait for it (at most ``bad_cap_s``).
+* ``lost``: say ``ready``; on ``go`` submit the sample the server loses (``num_samples=2``) and
+  one ordinary sample every 0.5 s until it ends (at most ``lost_cap_s``).
 """
 
 from __future__ import annotations
@@ -168,7 +170,40 @@ def run_bad(b: SdkBench) -> dict[str, Any]:
     }
 
 
-RUNNERS = {"outage": run_outage, "bad": run_bad}
+def run_lost(b: SdkBench) -> dict[str, Any]:
+    size = b.size
+    cap = float(size["lost_cap_s"])
+    sampler = b._sampler()
+    prompt, params = b._prompt(16), b._params(4)
+    sampler.sample(prompt=prompt, num_samples=1, sampling_params=params).result()
+    say("ready")
+    wait_for("go")
+    t_lost = time.monotonic()
+    lost = sampler.sample(prompt=prompt, num_samples=2, sampling_params=params)
+    ordinary = 0
+    # other samples keep the poller's answers coming while the lost one waits
+    while time.monotonic() - t_lost < cap and not lost.future().done():
+        sampler.sample(prompt=prompt, num_samples=1, sampling_params=params).result(timeout=60)
+        ordinary += 1
+        time.sleep(0.5)
+    outcome, text = "pending", ""
+    try:
+        lost.result(timeout=max(0.01, cap - (time.monotonic() - t_lost)))
+        outcome = "succeeded"
+    except TimeoutError as exc:
+        if time.monotonic() - t_lost < cap - 0.5:
+            outcome, text = "failed", _error_text(exc)
+    except Exception as exc:
+        outcome, text = "failed", _error_text(exc)
+    return {
+        "lost_s": time.monotonic() - t_lost,
+        "lost_outcome": outcome,
+        "lost_error": text,
+        "ordinary_samples": ordinary,
+    }
+
+
+RUNNERS = {"outage": run_outage, "bad": run_bad, "lost": run_lost}
 
 
 def main(argv: list[str]) -> None:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/bench_outage.py --quick        # 500 pending, 20 s windows (~5 minutes)
+    python benchmarks/bench_outage.py --quick        # 500 pending, 20 s windows (~6 minutes)
     python benchmarks/bench_outage.py                # 500 and 2,000 pending, 60 s windows
     python benchmarks/bench_outage.py --quick --only storm,bad --sdk ours
     python benchmarks/bench_outage.py --quick --json # -> benchmarks/results/outage-quick.json
@@ -37,8 +37,11 @@ Scenarios (:data:`SCENARIOS`):
   :data:`ORDINARY_DELAY_S`, so that their wall time is not lost in noise). Reported: seconds until that sample's future ends (capped
   at ``bad_cap_s``: "still pending") and whether its error carries the server's words; the
   ordinary samples' wall time against a clean run in the same process (``reps`` each, medians).
-* ``lost``: a request the server accepts and then loses; skipped while the local server has no
-  such fault (issue 25, item 5).
+* ``lost``: with the session futures poller on (``sample_use_retrieve_futures``, as on the
+  hosted service), the server accepts one sample and loses it (``asample lose``: absent from
+  ``retrieve_futures``, 404 when polled alone) while ordinary samples keep going. Reported:
+  seconds until its future ends (a resubmission answered, or an error), capped at
+  ``lost_cap_s``. Skipped on a local server without the ``lose`` fault.
 
 Goals (issue 25, per tenant; each row records its goal and whether each SDK met it): at most
 2 req/s (or connects/s) after 10 s of a storm or refused connections; at most 5 req/s while
@@ -95,6 +98,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "window_s": 60.0,
         "drain_cap_s": 60.0,
         "bad_cap_s": 60.0,
+        "lost_cap_s": 90.0,
         "ordinary": 100,
         "reps": 9,
     },
@@ -102,9 +106,10 @@ SIZES: dict[str, dict[str, Any]] = {
         "pending": [500],
         "window_s": 20.0,
         "drain_cap_s": 45.0,
-        "bad_cap_s": 45.0,
+        "bad_cap_s": 35.0,
+        "lost_cap_s": 62.0,
         "ordinary": 100,
-        "reps": 9,
+        "reps": 5,
     },
 }
 
@@ -137,9 +142,8 @@ def _lost_fault_missing() -> str | None:
 
     from tinker_sync.local import Fault
 
-    names = {f.name for f in fields(Fault)}
-    if names & {"lose", "lost"}:
-        return "the local server has a lost-request fault, but this benchmark does not drive it yet"
+    if "lose" in {f.name for f in fields(Fault)}:
+        return None
     return "not available: the local server has no fault that loses a request (issue 25, item 5)"
 
 
@@ -390,6 +394,32 @@ def run_bad(
     return out
 
 
+def run_lost(
+    scenario: Scenario, sdk: str, size: dict[str, Any], server: Any, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """The lost request, session futures poller on (as the hosted service has it): time until
+    its future ends (a resubmission succeeds, or a typed error)."""
+    rule = {"endpoint": "asample", "lose": True, "times": 1, "match": {"num_samples": 2}}
+    server.set_client_config(sample_use_retrieve_futures=True)  # read by clients at start
+    try:
+        worker = Worker(sdk, scenario.name, size, server.url, server.api_key)
+        try:
+            worker.expect("ready")
+            server.faults.extend([rule])
+            worker.send("go")
+            result = worker.result(timeout=float(size["lost_cap_s"]) + 120.0)
+        finally:
+            worker.kill()
+            server.faults.clear()
+    finally:
+        server.set_client_config(sample_use_retrieve_futures=False)
+    out = dict(result)
+    ended = out["lost_outcome"] != "pending"
+    state = f"{out['lost_outcome']} after {out['lost_s']:.1f} s" if ended else "still pending"
+    log(f"  {sdk:<8} lost     {state}")
+    return out
+
+
 # ---------------------------------------------------------------------------------- rows
 
 
@@ -437,6 +467,8 @@ def _met(metric: Metric, result: dict[str, Any] | None) -> bool | None:
     ok = float(result[metric.key]) <= limit
     if metric.key == "bad_s":
         ok = ok and result["bad_outcome"] == "failed" and bool(result["bad_words"])
+    if metric.key == "lost_s":
+        ok = ok and result["lost_outcome"] != "pending"
     return ok
 
 
@@ -513,7 +545,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------------------------- main
 
 
-RUNNERS = {"outage": run_outage, "bad": run_bad}
+RUNNERS = {"outage": run_outage, "bad": run_bad, "lost": run_lost}
 
 
 @contextlib.contextmanager
