@@ -64,6 +64,7 @@ def test_scenario_table_goals_and_runners() -> None:
         if scenario.available() is None:  # runnable: both sides know its runner
             assert scenario.runner in bench_outage.RUNNERS
             assert scenario.runner in _worker_outage.RUNNERS
+    assert bench_outage.SCENARIOS["lost"].available() is None  # the server has 'lose'
     # issue 25's numbers
     assert bench_outage.GOALS["rate"] == ("<=", 2.0)
     assert bench_outage.GOALS["paused_rate"] == ("<=", 5.0)
