@@ -441,7 +441,7 @@ def test_a_wrong_typed_accept_reply_is_a_tinker_error(endpoint: str) -> None:
     from tinker_sync.local import LocalServer
 
     with LocalServer(backend="instant") as server:
-        server.faults.add(f"{endpoint} 200 x* body={{\"request_id\":5}}")
+        server.faults.add(f'{endpoint} 200 x* body={{"request_id":5}}')
         service = tinker_sync.ServiceClient(
             base_url=server.url, api_key=server.api_key, max_retries=0
         )
