@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from tinker_sync._flow.hedge import FACTOR, MIN_DELAY_S, MIN_SAMPLES, Hedger
+from tinker_sync._flow import hedge as hedge_module
+from tinker_sync._flow.hedge import FACTOR, MAX_HEDGES, MIN_DELAY_S, MIN_SAMPLES, Hedger
 from tinker_sync._transport import Reply
 from tinker_sync.exceptions import APIConnectionError
 
@@ -162,3 +163,95 @@ def test_when_both_copies_fail_the_first_copys_error_is_raised() -> None:
 
     with pytest.raises(APIConnectionError, match="first"):
         hedger.run("k", send, abort=pytest.fail, read_timeout=HANG)
+
+
+class Outlasted:
+    """A first copy that answers ``b"first"`` after ``hold`` s unless a hedge won (aborted)."""
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self.aborted = threading.Event()
+
+    def send(self) -> Reply:
+        if self.aborted.wait(self.hold):
+            raise APIConnectionError("connection shut down")
+        return reply(200, b"first")
+
+    def abort(self, ident: int) -> None:
+        self.aborted.set()
+
+
+def test_a_failed_copy_is_followed_by_another_while_the_first_is_out() -> None:
+    """A copy lost to a reset no longer leaves the attempt to its read timeout: the next copy
+    (after twice the wait) answers and wins."""
+    hedger = warmed()
+    first = Outlasted(hold=10.0)
+    calls = []
+
+    def send() -> Reply:
+        calls.append(threading.get_ident())
+        if len(calls) == 1:
+            return first.send()
+        if len(calls) == 2:
+            raise APIConnectionError("reset")
+        return reply(200, b"second copy")
+
+    got = hedger.run("k", send, abort=first.abort, read_timeout=HANG)
+    assert got.content == b"second copy" and len(calls) == 3
+    assert (hedger.sent, hedger.won) == (2, 1)
+
+
+def test_copies_stop_at_max_hedges(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hedge_module, "MIN_DELAY_S", 0.02)  # waits 0.02, 0.04, ... s
+    hedger = warmed()
+    first = Blocked()
+    calls = []
+
+    def send() -> Reply:
+        calls.append(1)
+        if len(calls) == 1:
+            return first.send()
+        if len(calls) == 1 + MAX_HEDGES:
+            first.release.set()  # the first copy answers once the last copy failed
+        return reply(503)
+
+    got = hedger.run("k", send, abort=first.abort, read_timeout=HANG)
+    assert got.content == b"first" and not first.aborted.is_set()
+    assert len(calls) == 1 + MAX_HEDGES and (hedger.sent, hedger.won) == (MAX_HEDGES, 0)
+
+
+def test_a_kind_without_latencies_is_hedged_after_the_cold_delay_if_given() -> None:
+    hedger = Hedger(lambda: True)
+    first = Outlasted(hold=HANG)
+    calls = []
+
+    def send() -> Reply:
+        calls.append(1)
+        return first.send() if len(calls) == 1 else reply(200, b"copy")
+
+    assert hedger.run("k", send, abort=first.abort, read_timeout=HANG, cold_delay=MIN_DELAY_S)
+    assert (hedger.sent, hedger.won) == (1, 1)
+    quick = Hedger(lambda: True)  # without a cold delay: one copy only, as before
+    assert quick.run("k", lambda: reply(200), abort=pytest.fail, read_timeout=HANG).status == 200
+    assert quick.sent == 0
+
+
+def test_a_first_copy_that_answers_while_a_copy_is_out_counts_as_a_latency() -> None:
+    hedger = Hedger(lambda: True)
+    for _ in range(MIN_SAMPLES - 1):
+        hedger.record("k", 0.001)
+    hedge = Blocked()
+    hedge_out = threading.Event()
+    calls = []
+
+    def send() -> Reply:
+        calls.append(1)
+        if len(calls) == 1:
+            assert hedge_out.wait(HANG)
+            return reply(200, b"first")
+        hedge_out.set()
+        return hedge.send()
+
+    got = hedger.run("k", send, abort=hedge.abort, read_timeout=HANG, cold_delay=MIN_DELAY_S)
+    assert got.content == b"first" and hedger.sent == 1
+    assert hedger.delay("k") == MIN_DELAY_S  # the MIN_SAMPLES-th latency: the kind is known

@@ -227,6 +227,87 @@ def test_a_hedged_training_send_is_applied_once_and_in_order() -> None:
         assert all(len(keys) == 1 for keys in by_seq.values())  # copies share the key
 
 
+def hedged_run(script: Callable[[Exchange], Fault | None], steps: int) -> tuple[Any, Any, Any]:
+    """``steps`` forward/backward steps through a scripted proxy; (hedger, server, model)."""
+    with (
+        LocalServer(api_key=KEY) as server,
+        TcpFaultProxy(server.url, hold_max_s=HANG, script=script) as proxy,
+    ):
+        service = tinker_sync.ServiceClient(
+            base_url=proxy.url, api_key=KEY, timeout=tinker_sync.Timeout(10.0, connect=2.0)
+        )
+        try:
+            training = service.create_lora_training_client(BASE, rank=4)
+            for step in range(steps):
+                training.forward_backward([datum(step)], "cross_entropy").result(HANG)
+            hedger = service._session.hedger
+        finally:
+            service.close()
+        assert server.app.applied(training.model_id) == [(0, "CreateModel")] + [
+            (seq, "ForwardBackward") for seq in range(1, steps + 1)
+        ]
+        keys: dict[int, set[str]] = {}
+        for r in server.requests.filter("forward_backward"):
+            assert r.proto is not None
+            keys.setdefault(r.proto["seq_id"], set()).add(r.headers["x-idempotency-key"])
+        assert all(len(k) == 1 for k in keys.values())  # copies share the key
+        return hedger, proxy, server
+
+
+def test_a_copy_lost_to_a_reset_is_followed_by_another() -> None:
+    """The first copy of a held training send is reset: a second copy (not the held send's
+    10 s read timeout) answers, and every step is applied once, in order."""
+    fwdbwd = "/api/v1/forward_backward"
+    seen = 0
+
+    def script(exchange: Exchange) -> Fault | None:
+        nonlocal seen
+        if exchange.path != fwdbwd:
+            return None
+        seen += 1
+        return {13: Fault.RESET_AFTER, 15: Fault.HOLD, 16: Fault.RESET_BEFORE}.get(seen)
+
+    hedger, proxy, server = hedged_run(script, 14)
+    assert (hedger.sent, hedger.won) == (2, 1)
+    assert proxy.counts() == {"reset_after": 1, "hold": 1, "reset_before": 1}
+    # 14 steps, one retry after the lost reply, two copies (one reset before the server)
+    assert len(server.requests.filter("forward_backward")) == 16
+
+
+def test_a_copy_never_answered_gives_way_to_the_next_after_copy_read_s() -> None:
+    """The held send's first copy is held too: it is cut after COPY_READ_S (2 s, not the
+    send's 10 s read timeout), and the next copy answers."""
+    fwdbwd = "/api/v1/forward_backward"
+    seen = 0
+
+    def script(exchange: Exchange) -> Fault | None:
+        nonlocal seen
+        if exchange.path != fwdbwd:
+            return None
+        seen += 1
+        return {13: Fault.RESET_AFTER, 15: Fault.HOLD, 16: Fault.HOLD}.get(seen)
+
+    hedger, proxy, _ = hedged_run(script, 14)
+    assert (hedger.sent, hedger.won) == (2, 1)
+    assert proxy.counts() == {"reset_after": 1, "hold": 2}
+
+
+def test_the_first_training_send_on_a_lossy_network_is_hedged_after_the_cold_delay() -> None:
+    """Before any send latency is known, a held training send on a network that just lost a
+    reply gets a copy after COLD_DELAY_S (it used to wait for its whole read timeout)."""
+    create, fwdbwd = (
+        only_first(Fault.RESET_AFTER, "/api/v1/create_model"),
+        only_first(Fault.HOLD, "/api/v1/forward_backward"),
+    )
+
+    def script(exchange: Exchange) -> Fault | None:
+        return create(exchange) or fwdbwd(exchange)
+
+    hedger, proxy, _ = hedged_run(script, 2)
+    assert (hedger.sent, hedger.won) == (1, 1)
+    assert proxy.counts() == {"reset_after": 1, "hold": 1}
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
     stop = threading.Event()
     end = time.monotonic() + timeout

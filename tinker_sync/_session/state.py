@@ -35,10 +35,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import attrs
+
 from tinker_sync._config import PROTOCOL_VERSION, ClientConfig, DynamicConfig, ServerConfig, Timeout
 from tinker_sync._credentials import StaticKeyAuth
 from tinker_sync._flow.health import Health
-from tinker_sync._flow.hedge import LOSSY_WINDOW_S, Hedger
+from tinker_sync._flow.hedge import COLD_DELAY_S, COPY_READ_S, LOSSY_WINDOW_S, Hedger
 from tinker_sync._flow.limiter import Limiter, limiter_for
 from tinker_sync._flow.retry import (
     BillingPause,
@@ -442,17 +444,36 @@ class Session:
         )
 
     def hedged_send(self, transport: Transport) -> Callable[[RequestSpec, int], Reply]:
-        """A ``send_once`` replacement that hedges slow attempts (see :mod:`tinker_sync._flow.hedge`)."""
+        """A ``send_once`` replacement that hedges slow attempts (see :mod:`tinker_sync._flow.hedge`).
+
+        For submissions (training sends, ``asample``), whose acceptance replies are quick: a
+        kind of request with too few latencies known yet is hedged after ``COLD_DELAY_S``, and
+        a copy reads for at most ``COPY_READ_S`` (one never answered gives way to the next)."""
         hedger = self.hedger
-        default_read = self.config.timeout.read
+        default_timeout = self.config.timeout
 
         def send(spec: RequestSpec, attempt: int) -> Reply:
-            read = spec.timeout.read if spec.timeout is not None else default_read
+            timeout = spec.timeout if spec.timeout is not None else default_timeout
+            read = timeout.read
+
+            def copy() -> Reply:
+                short = read if read is not None and read <= COPY_READ_S else COPY_READ_S
+                # The same request (content, idempotency key), read for at most COPY_READ_S.
+                spec_copy = attrs.evolve(
+                    spec,
+                    json=None,
+                    content=spec.content,
+                    timeout=Timeout(short, connect=timeout.connect),
+                )
+                return transport.send_once(spec_copy, attempt)
+
             return hedger.run(
                 spec.path,
                 lambda: transport.send_once(spec, attempt),
                 abort=lambda ident: transport.abort_threads([ident], (spec.pool,)),
                 read_timeout=read,
+                cold_delay=COLD_DELAY_S,
+                copy=copy,
             )
 
         return send
