@@ -103,7 +103,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "import": {"warmup": 1, "reps": 5},
         "first": {"prompt": 64, "max_tokens": 16, "warmup": 1, "reps": 5},
         "scaleout": {**_SCALEOUT, "concurrency": 64, "n": 1000, "warmup": 50, "reps": 3},
-        "lossy": {**_LOSSY, "samples": 300, "reps": 3},
+        "lossy": {**_LOSSY, "samples": 300, "reps": 5},  # seeds 11-15: the goal is per seed
         "download": {"size_mb": 200, "cuts": 5, "reps": 3},
         "gil": {**_GIL, "n": 500, "warmup": 100, "solo_s": 1.0, "reps": 3},
     },

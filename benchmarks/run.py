@@ -47,7 +47,8 @@ P10 sample throughput from 4 worker processes vs 1, same total    4 processes >=
     concurrency; client CPU per sample; spawned worker start to    first sample <= 300 ms (median)
     its first sample (tinker_sync only)
 P11 8 x 15 training steps and sample p99 / max through a TCP     train <= 60 s, p99 <= 15 s,
-    fault proxy at 5 % per fault kind, vs no faults (ours only)    max <= 30 s, exactly once
+    fault proxy at 5 % per fault kind, vs no faults (ours only);   max <= 30 s, exactly once, on
+    one run per seed (11-15, quick too), per-seed numbers kept     the worst seed
 P9  pipelined train step p50 while 2,000 samples are in flight   ours <= 1.2 x our idle step
     on the same ServiceClient (limit column: our idle step)       and <= official's step
 P13 a 200 MB checkpoint download cut 5 times: bytes received /   ours <= 1.1 and verified
@@ -453,19 +454,26 @@ ROWS: tuple[Row, ...] = (
         "8 threads x 15 (fwd/bwd + optim_step) at 5 % per TCP fault kind (limit: no faults)",
         "s",
         "lossy",
-        (("ours", "lossy", "train_s_faults"), ("limit", "lossy", "train_s_clean")),
-        "ours <= 60 s (the worker fails unless every op was applied once, in order)",
+        (("ours", "lossy", "train_s_faults_worst"), ("limit", "lossy", "train_s_clean")),
+        "worst seed <= 60 s (the worker fails unless every op was applied once, in order)",
         ratio_of="limit",
         judge=lambda m, r, s: _le(m["ours"], 60.0),
-        detail=(("create_max_s", "lossy", "create_max_s_faults", 1.0),),
+        detail=(
+            ("create_max_s", "lossy", "create_max_s_faults", 1.0),
+            ("median_of_seeds_s", "lossy", "train_s_faults", 1.0),
+            ("per_seed", "lossy", "per_seed", 1.0),
+        ),
     ),
     Row(
         "P11-P99",
         "sample latency p99 at 5 % per TCP fault kind (limit: no faults)",
         "s",
         "lossy",
-        (("ours", "lossy", "sample_p99_s_faults"), ("limit", "lossy", "sample_p99_s_clean")),
-        "ours <= 15 s",
+        (
+            ("ours", "lossy", "sample_p99_s_faults_worst"),
+            ("limit", "lossy", "sample_p99_s_clean"),
+        ),
+        "worst seed <= 15 s",
         ratio_of="limit",
         judge=lambda m, r, s: _le(m["ours"], 15.0),
         detail=(
@@ -478,8 +486,11 @@ ROWS: tuple[Row, ...] = (
         "slowest sample at 5 % per TCP fault kind (limit: no faults)",
         "s",
         "lossy",
-        (("ours", "lossy", "sample_max_s_faults"), ("limit", "lossy", "sample_max_s_clean")),
-        "ours <= 30 s",
+        (
+            ("ours", "lossy", "sample_max_s_faults_worst"),
+            ("limit", "lossy", "sample_max_s_clean"),
+        ),
+        "worst seed <= 30 s",
         ratio_of="limit",
         judge=lambda m, r, s: _le(m["ours"], 30.0),
     ),

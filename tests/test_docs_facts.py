@@ -144,6 +144,9 @@ FACTS: list[Fact] = [
     Fact(r"(\d+) × the 90th percentile", [hedge.FACTOR]),
     Fact(r"at least ([\d.]+) s, and only if", [hedge.MIN_DELAY_S]),
     Fact(r"none until (\d+) latencies", [hedge.MIN_SAMPLES]),
+    Fact(r"hedged after (\d+) s meanwhile, `COLD_DELAY_S`", [hedge.COLD_DELAY_S]),
+    Fact(r"up to (\d+) copies per attempt \(`MAX_HEDGES`", [hedge.MAX_HEDGES]),
+    Fact(r"reads for at most (\d+) s\s+\(`COPY_READ_S`", [hedge.COPY_READ_S]),
     # docs/limiter.md#who-reacts: who reacts to a 429, a 5xx or a connection error
     Fact(r"`min\(0\.5·2\^k, (\d+)\)` s", [retry.MAX_RETRY_DELAY]),
     Fact(r"up to `max_retries` \((\d+)\)", [_config.DEFAULT_MAX_RETRIES]),

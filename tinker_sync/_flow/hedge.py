@@ -17,10 +17,11 @@ the kind are known, after the caller's ``cold_delay`` if it gave one). The first
 (status < 400) wins; if the hedge wins, the first copy's socket is shut down so its thread
 returns the hedge's reply at once, and if the first copy answers while the hedge is still
 out, the hedge's socket is shut down so its thread is free for the next hedge. A hedge that
-fails (reset, cut reply, status >= 400) while the first copy is still out is followed by
-another, after twice the previous wait, up to :data:`MAX_HEDGES` per attempt: a copy lost to
-a reset no longer leaves the attempt to its whole read timeout. With a healthy network nothing
-changes (no thread hop, no second request).
+fails (reset, cut reply, status >= 400; for submissions also silent for :data:`COPY_READ_S`)
+while the first copy is still out is followed by another, after twice the previous wait, up
+to :data:`MAX_HEDGES` per attempt: a copy lost to a reset or a half-open peer no longer
+leaves the attempt to its whole read timeout. With a healthy network nothing changes (no
+thread hop, no second request). docs/polling.md#hedging-a-slow-poll-or-submission.
 
 Only for requests that are safe to send twice: long polls (``retrieve_future`` answers the
 same result again) and submissions the server deduplicates by seq_id and idempotency key
