@@ -5,6 +5,7 @@ import datetime as dt
 import json
 import math
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -606,3 +607,37 @@ def test_float_special_values_survive_python_json():
         math.inf,
         -math.inf,
     ]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"request_id": "r"},
+        {"request_id": "r", "model_id": "m", "sample_sequence_ids": ["a", "b"], "extra": 1},
+        {"request_id": "r", "model_id": None, "sample_sequence_ids": None},
+        {"request_id": "r", "sample_sequence_ids": []},
+    ],
+)
+def test_untyped_future_read_without_the_converter_equals_the_converters(data):
+    """Every future endpoint's first reply is read without building cattrs' hooks (a worker's
+    first sample, docs/scale-out.md); the value is the converter's own."""
+    got = from_json(T.UntypedAPIFuture, data)
+    assert type(got) is T.UntypedAPIFuture
+    assert got == converter.structure(data, T.UntypedAPIFuture)
+    if got.sample_sequence_ids is not None:
+        assert got.sample_sequence_ids is not data["sample_sequence_ids"]  # a copy
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ({}, "required field missing @ $.request_id"),
+        ({"request_id": 5}, "expected str, got int 5 @ $.request_id"),
+        ({"request_id": "r", "model_id": 1}, "@ $.model_id"),
+        ({"request_id": "r", "sample_sequence_ids": ["a", 2]}, "@ $.sample_sequence_ids[1]"),
+        ([], "expected a JSON object for UntypedAPIFuture"),
+    ],
+)
+def test_untyped_future_errors_still_name_the_field(data, error):
+    with pytest.raises(WireValidationError, match=re.escape(error)):
+        from_json(T.UntypedAPIFuture, data)

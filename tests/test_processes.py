@@ -545,8 +545,9 @@ print(json.dumps(sorted(sys.modules)))
 def test_spawned_worker_sampling_over_http_skips_modules_it_does_not_need(srv, service):
     """A fresh worker that unpickles a sampling client and samples once over plain http
     imports neither asyncio (no event loop runs), requests, the local server, the REST types
-    nor the protocol request types (JSON decoders are built on first use): each costs start-up
-    time in every spawned rollout worker."""
+    nor the protocol request types (JSON decoders are built on first use), nor cattrs (the
+    submit reply is read without the converter) nor the training types of ``_datum``: each
+    costs start-up time in every spawned rollout worker (docs/scale-out.md#start-up)."""
     payload = pickle.dumps(service.create_sampling_client(base_model=BASE))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
     env["TINKER_API_KEY"] = KEY
@@ -567,6 +568,9 @@ def test_spawned_worker_sampling_over_http_skips_modules_it_does_not_need(srv, s
     assert not [name for name in loaded if name.startswith("tinker_sync.local")]
     assert "tinker_sync.types._rest" not in loaded
     assert "tinker_sync.types._protocol" not in loaded  # ~45 request/reply classes to build
+    assert "tinker_sync.types._results" in loaded  # the sample's own types (not vacuous)
+    assert "cattrs" not in tops  # the JSON converter is built on the first typed parse
+    assert "tinker_sync.types._datum" not in loaded  # Datum & co.: training only
 
 
 FIRST_SAMPLE_SCRIPT = r"""

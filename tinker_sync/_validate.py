@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from tinker_sync.types import Datum, SamplingParams, TensorData
-from tinker_sync.types._datum import LOSS_FN_REQUIRED_INPUTS, PER_TOKEN_INPUTS
+from tinker_sync.types import SamplingParams, TensorData
+
+if TYPE_CHECKING:
+    from tinker_sync.types import Datum
 
 __all__ = [
     "AccessScope",
@@ -116,6 +118,8 @@ def _dense_shape(tensor: TensorData) -> tuple[int, ...]:
 
 def check_loss_inputs(data: Sequence[Datum], loss_fn: str) -> None:
     """Each datum has the inputs ``loss_fn`` needs, one row per ``model_input`` token."""
+    from tinker_sync.types._datum import LOSS_FN_REQUIRED_INPUTS, PER_TOKEN_INPUTS
+
     required = LOSS_FN_REQUIRED_INPUTS.get(loss_fn)
     if required is None:  # "custom": the client computes it, its inputs are the user's
         return

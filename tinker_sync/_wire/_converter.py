@@ -1,4 +1,4 @@
-"""The JSON codec of tinker_sync: one cattrs converter, configured once at import.
+"""The JSON codec of tinker_sync: one cattrs converter, built on the first parse.
 
 Usage::
 
@@ -26,7 +26,11 @@ Each type's structure hook is generated on its first use and cached by the conve
 call): a process that only samples never builds the training or REST hooks, nor imports the
 REST types (part of a spawned worker's start-up, docs/scale-out.md).
 
-Thread safety: the converter is built at import and its configuration never changes afterwards;
+The converter (and cattrs) is built on the first :func:`from_json`, not at import: writing
+requests (:func:`to_json`, :func:`omit_new_defaults`) needs no cattrs, so a worker that rebuilds
+a sampling client from its handle and samples never imports it (docs/scale-out.md).
+
+Thread safety: the converter is built once, under a lock, and its configuration never changes;
 all functions are safe to call from any thread (two threads that first use the same type at
 once may both generate its hook, and get the same behaviour). Fork safety: no process-local
 state.
@@ -42,13 +46,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast
 
 import attrs
-import cattrs
-import cattrs.v
-from cattrs.gen import make_dict_structure_fn
 
 from tinker_sync import types as T
 from tinker_sync._lazynp import is_ndarray
 from tinker_sync._runtime.causes import signal_exception
+from tinker_sync._runtime.fork import make_lock
 from tinker_sync.exceptions import RequestErrorCategory
 from tinker_sync.types._base import (
     check_bytes,
@@ -60,6 +62,7 @@ from tinker_sync.types._base import (
 )
 
 if typing.TYPE_CHECKING:
+    import cattrs
     import numpy as np
 
 __all__ = ["WireValidationError", "converter", "from_json", "to_json"]
@@ -493,6 +496,8 @@ def _model_hook(cls: type) -> Callable[[Any, Any], Any]:
         return custom
     if dataclasses.is_dataclass(cls):
         return _dataclass_hook(cls)
+    from cattrs.gen import make_dict_structure_fn
+
     inner: Callable[[Any, Any], Any] = make_dict_structure_fn(
         cls,
         converter,
@@ -510,6 +515,8 @@ def _model_hook(cls: type) -> Callable[[Any, Any], Any]:
 
 
 def _build() -> cattrs.Converter:
+    import cattrs
+
     c = cattrs.Converter(detailed_validation=True, forbid_extra_keys=False)
     c.register_structure_hook(int, _s_int)
     c.register_structure_hook(float, _s_float)
@@ -536,11 +543,34 @@ def _build() -> cattrs.Converter:
     return c
 
 
-converter: cattrs.Converter = _build()
-"""The single cattrs converter (structure: strict JSON -> types; unstructure: wire JSON)."""
+converter: cattrs.Converter
+"""The single cattrs converter (structure: strict JSON -> types; unstructure: wire JSON), built on
+first use: reading this name or the first :func:`from_json`."""
+
+_built: cattrs.Converter | None = None
+_build_lock = make_lock()
+
+
+def _converter() -> cattrs.Converter:
+    global _built, converter
+    if _built is None:
+        with _build_lock:
+            if _built is None:
+                converter = _build()  # the hooks above read the module global
+                _built = converter
+    return _built
+
+
+def __getattr__(name: str) -> Any:
+    if name == "converter":
+        return _converter()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _format(exc: BaseException, type_: type | None) -> str:
+    import cattrs
+    import cattrs.v
+
     if isinstance(exc, KeyError):
         return "required field missing"
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
@@ -548,6 +578,28 @@ def _format(exc: BaseException, type_: type | None) -> str:
     if isinstance(exc, (TypeError, ValueError)) and str(exc):
         return str(exc)
     return cattrs.v.format_exception(exc, type_)
+
+
+def _plain_untyped_future(data: Any) -> Any:
+    """An :class:`UntypedAPIFuture` (every future endpoint's first reply) read without cattrs, so
+    that a worker's first sample builds no converter; None when ``data`` is not plainly valid
+    (the converter then reads it, and names what is wrong)."""
+    if not isinstance(data, Mapping):
+        return None
+    request_id = data.get("request_id")
+    model_id = data.get("model_id")
+    ids = data.get("sample_sequence_ids")
+    if type(request_id) is not str or not (model_id is None or type(model_id) is str):
+        return None
+    if ids is not None:
+        if type(ids) is not list or any(type(i) is not str for i in ids):
+            return None
+        ids = list(ids)
+    return T.UntypedAPIFuture(request_id=request_id, model_id=model_id, sample_sequence_ids=ids)
+
+
+#: Types read without the converter when the data is plainly valid (see from_json).
+_PLAIN: dict[type, Callable[[Any], Any]] = {T.UntypedAPIFuture: _plain_untyped_future}
 
 
 def to_json(obj: Any) -> Any:
@@ -560,9 +612,17 @@ def from_json(cls: type[_T], data: Any) -> _T:
 
     Raises :class:`WireValidationError` naming every bad field path.
     """
+    plain = _PLAIN.get(cls)
+    if plain is not None:
+        value = plain(data)
+        if value is not None:
+            return cast(_T, value)
     name = getattr(cls, "__name__", repr(cls))
+    structure = _converter().structure
+    import cattrs  # loaded by _converter()
+
     try:
-        return converter.structure(data, cls)
+        return structure(data, cls)
     except cattrs.BaseValidationError as exc:
         raised = _from_signal_handler(exc)
         if raised is not None:

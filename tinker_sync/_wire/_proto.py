@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tinker_sync._wire import _pbwire as pb
 from tinker_sync._wire._pbwire import (
@@ -69,19 +69,20 @@ from tinker_sync._wire._pbwire import (
     widen,
 )
 from tinker_sync.types import (
-    Datum,
     DmelChunk,
     EncodedTextChunk,
     ForwardBackwardOutput,
     ImageAssetPointerChunk,
     ImageChunk,
     PromptAltTokens,
-    SampledProvenanceSpan,
     SampledSequence,
     SampleResponse,
     TensorData,
     TopkLogprobs,
 )
+
+if TYPE_CHECKING:
+    from tinker_sync.types import Datum
 
 __all__ = [
     "decode_forward_backward_output",
@@ -147,6 +148,8 @@ def _tensor_parts(tensor: TensorData, where: str) -> tuple[list[Part], int]:
 
 
 def _span_bytes(tag: int, span: Any) -> bytes:
+    from tinker_sync.types._datum import SampledProvenanceSpan  # training only: loaded by then
+
     sampled = isinstance(span, SampledProvenanceSpan)
     body = str_field(0x0A, span.sequence_id)
     if span.offset:

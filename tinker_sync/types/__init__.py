@@ -27,22 +27,6 @@ from typing import TYPE_CHECKING, Any
 from tinker_sync.exceptions import RequestErrorCategory
 from tinker_sync.types._base import TinkerModel, TinkerRequest
 from tinker_sync.types._coerce import ValidationError
-from tinker_sync.types._datum import (
-    LOSS_FN_INPUT_DTYPES,
-    LOSS_FN_TYPES,
-    Datum,
-    ForwardBackwardInput,
-    ForwardBackwardRequest,
-    ForwardRequest,
-    LossFnInputs,
-    LossFnOutput,
-    LossFnType,
-    PromptProvenanceSpan,
-    ProvenanceSpans,
-    SampledProvenanceSpan,
-    coerce_loss_fn_input,
-    validate_loss_fn,
-)
 from tinker_sync.types._input import (
     DmelChunk,
     EncodedTextChunk,
@@ -144,6 +128,22 @@ if TYPE_CHECKING:
         CustomLossNode,
         CustomLossNodeOp,
     )
+    from tinker_sync.types._datum import (
+        LOSS_FN_INPUT_DTYPES,
+        LOSS_FN_TYPES,
+        Datum,
+        ForwardBackwardInput,
+        ForwardBackwardRequest,
+        ForwardRequest,
+        LossFnInputs,
+        LossFnOutput,
+        LossFnType,
+        PromptProvenanceSpan,
+        ProvenanceSpans,
+        SampledProvenanceSpan,
+        coerce_loss_fn_input,
+        validate_loss_fn,
+    )
     from tinker_sync.types._protocol import (
         AuthTokenRequest,
         AuthTokenResponse,
@@ -222,6 +222,20 @@ if TYPE_CHECKING:
 
 # Request bodies, protocol replies and REST types load on first access (keeps import cheap).
 _LAZY: dict[str, str] = {
+    "LOSS_FN_INPUT_DTYPES": "_datum",
+    "LOSS_FN_TYPES": "_datum",
+    "Datum": "_datum",
+    "ForwardBackwardInput": "_datum",
+    "ForwardBackwardRequest": "_datum",
+    "ForwardRequest": "_datum",
+    "LossFnInputs": "_datum",
+    "LossFnOutput": "_datum",
+    "LossFnType": "_datum",
+    "PromptProvenanceSpan": "_datum",
+    "ProvenanceSpans": "_datum",
+    "SampledProvenanceSpan": "_datum",
+    "coerce_loss_fn_input": "_datum",
+    "validate_loss_fn": "_datum",
     "AuthTokenRequest": "_protocol",
     "AuthTokenResponse": "_protocol",
     "CancelFutureRequest": "_protocol",
