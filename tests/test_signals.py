@@ -346,17 +346,11 @@ def test_an_alarm_storm_during_sampling_and_training_leaves_the_sdk_working() ->
     assert report["fired"] >= 1000
     assert outcomes.get("Alarm", 0) >= 100 and outcomes.get("ok", 0) >= 10
     assert set(outcomes) <= {"Alarm", "ok"}, outcomes  # nothing else: no protocol error
-    # Nothing applied twice: no training op reached the server twice, and a sample did only as
-    # a resend of the same logical request (same seq_id and idempotency key), which the server
-    # answers with the original future. KNOWN ISSUE (about 1 run in 10): sample() called on the
-    # main thread admits its ticket inline, and an alarm landing between the limiter's
-    # `_held.append(ticket)` and `queue.popleft()` leaves the ticket both admitted and queued,
-    # so it is started twice. The strict form (no request seen twice) is the goal; admitting
-    # on a worker when called on the main thread fixes it but breaks owner fairness as built.
+    # The server saw every request exactly once: no seq_id twice, not even a resend of the same
+    # sample (a main-thread sample() admits inline: an alarm inside the limiter's admission
+    # used to start one ticket twice; docs/limiter.md#signals).
     twice = [k for k, n in seen.items() if n > 1]
-    assert seen and not [k for k in twice if not k[0].startswith("asample:")], twice[:5]
-    assert all(len(keys[k]) == 1 and None not in keys[k] for k in twice), twice[:5]
-    assert len(twice) <= 2, twice[:5]
+    assert seen and not twice, [(k, keys[k]) for k in twice[:5]]
 
 
 _DECODE_CHILD = (

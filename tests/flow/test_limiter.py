@@ -80,6 +80,8 @@ class Tickets:
 
     def submit(self, name: str, owner: str = "a", estimate: int = 100) -> Ticket:
         def start() -> None:
+            if not self.limiter.claim(ticket):  # the send step's first call (Ticket docs)
+                return
             with self.lock:
                 self.started.append(name)
                 self.started_at.append(self.limiter.clock.monotonic())
@@ -331,3 +333,154 @@ def test_response_and_fwdbwd_budgets_admit_while_non_negative():
     with limiter.fwdbwd_bytes(60_000_000):
         assert limiter.snapshot()["fwdbwd_bytes"] == -10_000_000
     assert limiter.snapshot()["fwdbwd_bytes"] == 50_000_000
+
+
+# ------------------------------------------------------------------ exceptions from signal handlers
+
+
+class Interrupt(Exception):
+    """Stands for a signal handler's exception (an alarm timeout) on the pumping thread."""
+
+
+def _interrupt_at(point: int | None, op: Callable[[], object]) -> int:
+    """Run ``op`` and raise Interrupt at its ``point``-th signal check inside the limiter module:
+    where CPython runs signal handlers (a function's entry, right after a call returns, a loop's
+    back edge). Returns how many such points ``op`` passed (with ``point=None``: none raised)."""
+    import dis
+    import sys
+
+    from tinker_sync._flow import limiter as limiter_module
+
+    passed = 0
+
+    def check() -> None:
+        nonlocal passed
+        passed += 1
+        if passed - 1 == point:
+            raise Interrupt(point)
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        if event != "call" or frame.f_code.co_filename != limiter_module.__file__:
+            return None
+        frame.f_trace_opcodes = True
+        prev = [""]
+
+        def local(frame: Any, event: str, arg: object) -> Any:
+            if event == "opcode":
+                name = dis.opname[frame.f_code.co_code[frame.f_lasti]]
+                if prev[0] == "CALL" or name == "JUMP_BACKWARD":
+                    check()
+                prev[0] = name
+            return local
+
+        check()
+        return local
+
+    sys.settrace(tracer)
+    try:
+        op()
+    except Interrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    return passed
+
+
+class Lane(Tickets):
+    """Tickets whose start() only schedules the send step; ``run()`` runs the scheduled steps
+    as a sender thread would (claim first), outside any interruption."""
+
+    def __init__(self, limiter: Limiter) -> None:
+        super().__init__(limiter)
+        self.scheduled: list[str] = []
+
+    def submit(self, name: str, owner: str = "a", estimate: int = 100) -> Ticket:
+        ticket = Ticket(
+            owner=owner,
+            estimate=estimate,
+            start=lambda: self.scheduled.append(name),
+            on_stop=lambda exc: self.stopped.append((name, exc)),
+            stop_reason=lambda: self.stop_all,
+        )
+        self.tickets[name] = ticket
+        self.limiter.enqueue(ticket)
+        return ticket
+
+    def run(self) -> None:
+        while self.scheduled:
+            name = self.scheduled.pop(0)
+            if self.limiter.claim(self.tickets[name]):
+                self.started.append(name)
+
+    def settle(self) -> None:
+        """Finish every started ticket until nothing moves (each send accepted at once)."""
+        done: set[str] = set()
+        self.limiter.pump()
+        self.run()
+        while set(self.started) - done:
+            for name in list(self.started):
+                if name not in done:
+                    done.add(name)
+                    self.done(name)
+            self.run()
+
+
+def _assert_gates_restored(limiter: Limiter) -> None:
+    snap = limiter.snapshot()
+    assert (snap["count"], snap["backed_off_count"], snap["held"], snap["waiting"]) == (
+        400,
+        10,
+        0,
+        0,
+    )
+    assert snap["sample_bytes"] == limiter._budgets()[0].size
+    assert limiter._active == 0
+
+
+def test_an_exception_at_any_signal_point_of_a_pump_starts_no_ticket_twice_and_loses_none():
+    """A main-thread sample() admits inline: an alarm handler raising anywhere inside enqueue()
+    (admission, round-robin, issuing starts) leaves the limiter whole. Afterwards every queued
+    ticket starts exactly once and every gate comes back (docs/limiter.md#signals)."""
+
+    def scenario(point: int | None) -> tuple[Limiter, Lane, int]:
+        limiter = Limiter(("https://x", "k"), FakeClock())
+        lane = Lane(limiter)
+        limiter.send_width = 0  # queue everything first
+        for name, owner in (("a0", "A"), ("a1", "A"), ("b0", "B"), ("a2", "A")):
+            lane.submit(name, owner=owner)
+        limiter.send_width = 3
+        passed = _interrupt_at(point, lambda: lane.submit("b1", owner="B"))
+        return limiter, lane, passed
+
+    _, _, points = scenario(None)
+    assert points > 50
+    for point in range(points):
+        limiter, lane, _ = scenario(point)
+        lane.run()
+        assert len(lane.started) == len(set(lane.started)), (point, lane.started)
+        lane.settle()
+        # b1's own enqueue raised: it was queued (and then sent once) or not at all
+        assert set(lane.started) - {"b1"} == {"a0", "a1", "a2", "b0"}, (point, lane.started)
+        _assert_gates_restored(limiter)
+
+
+def test_an_exception_at_any_signal_point_of_a_cancel_stops_the_ticket_at_most_once():
+    """A cancel's wake() interrupted anywhere: the held ticket never starts, is stopped at most
+    once, and its gates come back once the next wake or pump runs."""
+
+    def scenario(point: int | None) -> tuple[Limiter, Lane, int]:
+        limiter = Limiter(("https://x", "k"), FakeClock())
+        limiter.set_backoff(30.0, "429")
+        lane = Lane(limiter)
+        lane.submit("held")
+        lane.stop_all = RuntimeError("cancelled")
+        return limiter, lane, _interrupt_at(point, lambda: limiter.wake(everything=False))
+
+    _, _, points = scenario(None)
+    assert points > 10
+    for point in range(points):
+        limiter, lane, _ = scenario(point)
+        limiter.wake()
+        lane.run()
+        assert not lane.started and len(lane.stopped) <= 1, (point, lane.stopped)
+        _assert_gates_restored(limiter)

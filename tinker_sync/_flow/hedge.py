@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from tinker_sync._runtime.causes import signal_exception
 from tinker_sync._runtime.clock import SYSTEM_CLOCK
 from tinker_sync._runtime.executor import call_later
 from tinker_sync._runtime.fork import make_lock
@@ -147,14 +148,19 @@ class Hedger:
             self.record(kind, time.monotonic() - start)
             return reply
         race = _Race(delay)
-        self._schedule(race, send if copy is None else copy, abort, threading.get_ident(), 0)
         try:
+            # Inside the try: an exception raised right after scheduling (a signal handler's,
+            # on the main thread) still marks the first copy done, so no copy leaves after it.
+            self._schedule(race, send if copy is None else copy, abort, threading.get_ident(), 0)
             reply = send()
-        except Exception:
+        except BaseException as exc:
             with race.lock:
                 race.primary_done = True
                 running = not race.hedge_over  # a copy is out now (none is due any more)
                 answered = race.hedge_reply
+            # A signal handler's exception (an alarm timeout) reaches the caller as itself.
+            if not isinstance(exc, Exception) or signal_exception(exc) is not None:
+                raise
             if running:
                 race.hedge_finished.wait()  # bounded by the copy's own timeouts
                 answered = race.hedge_reply

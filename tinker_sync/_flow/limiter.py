@@ -92,24 +92,38 @@ class ByteBudget:
         self.remaining = size
 
 
+#: A ticket's states (``Ticket.state``): the one field that says where it is. The limiter's
+#: queues and held list are indexes over it that may hold stale entries (docs/limiter.md#signals).
+QUEUED = "queued"  # in its owner's queue, waiting for the gates
+HELD = "held"  # holds its gates; waits for the deadline, then for a send step to claim it
+SENDING = "sending"  # claimed by a send step (claim()); hold() parks it again
+STOPPED = "stopped"  # stopped while waiting: on_stop is due
+FINISHED = "finished"  # on_stop was delivered
+
+
 class Ticket:
     """One sampling dispatch: queued for the gates, then held or sending (see module docs).
 
     ``owner`` (any hashable; one per sampling client) is the unit of round-robin fairness.
     ``start()`` runs (outside the lock, in whichever thread pumped) once the ticket holds its
-    gates and the deadline has passed; ``on_stop(exc)`` runs instead when ``stop_reason()``
-    says so while the ticket waits in the limiter. Not thread-safe by itself: the limiter's
-    lock guards the fields.
+    gates and the deadline has passed; it may run more than once for one admission, so the send
+    step it schedules must begin with ``if not limiter.claim(ticket): return`` (exactly one
+    claim succeeds). ``on_stop(exc)`` runs instead, at most once, when ``stop_reason()`` says so
+    while the ticket waits in the limiter. Not thread-safe by itself: the limiter's lock guards
+    the fields.
     """
 
     __slots__ = (
         "backed_off",
         "cost",
         "estimate",
+        "issued",
         "on_stop",
         "owner",
+        "round",
         "sending",
         "start",
+        "state",
         "stop_reason",
     )
 
@@ -129,7 +143,10 @@ class Ticket:
         self.stop_reason = stop_reason
         self.cost: int | None = None  # bytes charged; None while the gates are not held
         self.backed_off = False  # holds a permit of the backed-off count gate
-        self.sending = 0  # starts whose send step has not returned yet (sender_done)
+        self.sending = 0  # claims whose send step has not returned yet (sender_done)
+        self.state = QUEUED
+        self.round = 0  # +1 each time the ticket becomes HELD
+        self.issued = -1  # the last round whose start() returned
 
 
 class Limiter:
@@ -167,16 +184,19 @@ class Limiter:
         self._queues: collections.OrderedDict[Hashable, collections.deque[Ticket]] = (
             collections.OrderedDict()
         )
-        self._waiting = 0
         self._last_served: Hashable = None
+        #: Index of HELD tickets (may repeat one or hold stale entries: the state decides).
         self._held: collections.deque[Ticket] = collections.deque()
+        self._parked = 0  # tickets in state HELD
+        #: Index of stopped tickets whose on_stop is due (ditto).
+        self._stopping: collections.deque[tuple[Ticket, BaseException]] = collections.deque()
         self._timer_due: float | None = None
         self._sender: BoundedLane | None = None
         #: Tickets started or held at once (None: the ``sample-submit`` pool's width). Gates
         #: are taken only when a sender is free, so a newcomer is never queued behind tickets
         #: that were admitted early and are merely waiting for a thread.
         self.send_width: int | None = None
-        self._active = 0
+        self._active = 0  # claims whose send step has not returned (sender_done)
         self._users = 0  # started sessions using this limiter
         self._bad_shared_logged = False
         #: The wall deadline this limiter last published: read back, it is ours, not another
@@ -334,20 +354,39 @@ class Limiter:
             self._shared_file()  # a new dispatch: (re)open the shared deadline
             queue = self._queues.get(ticket.owner)
             if queue is None:
-                queue = self._queues[ticket.owner] = collections.deque()
+                # Created holding the ticket: the ring never gets an empty queue of ours.
+                self._queues[ticket.owner] = collections.deque((ticket,))
                 front = next(iter(self._queues))
                 if front == self._last_served and front != ticket.owner:
                     # The owner served last is only at the front because it was alone: the
                     # newcomer takes the next turn.
                     self._queues.move_to_end(front)
-            queue.append(ticket)
-            self._waiting += 1
+            else:
+                queue.append(ticket)
         self.pump()
 
-    def hold(self, ticket: Ticket) -> None:
-        """Park a ticket that keeps its gates (after a 429, or to wait for the deadline)."""
+    def claim(self, ticket: Ticket) -> bool:
+        """The send step's first call: True for exactly one claim per admission (HELD ->
+        SENDING); False for a repeated start(), or once the ticket was stopped."""
         with self._lock:
-            self._held.append(ticket)
+            if ticket.state is not HELD:
+                return False
+            # One step (plain stores, nothing a signal can interrupt in between).
+            ticket.sending += 1
+            self._active += 1
+            self._parked -= 1
+            ticket.state = SENDING
+            return True
+
+    def hold(self, ticket: Ticket) -> None:
+        """Park a claimed ticket that keeps its gates (after a 429, or to wait for the deadline)."""
+        with self._lock:
+            if ticket.state is not SENDING:
+                return  # parked already
+            self._held.append(ticket)  # the index first: a stale entry is skipped, never lost
+            ticket.round += 1
+            self._parked += 1
+            ticket.state = HELD
         self.pump()
 
     def release(self, ticket: Ticket) -> None:
@@ -359,13 +398,19 @@ class Limiter:
         with self._lock:
             if ticket.cost is None:
                 return
-            sample_bytes.remaining += ticket.cost
-            ticket.cost = None
+            self._return_gates_locked(ticket, sample_bytes)
+        self.pump()
+
+    def _return_gates_locked(self, ticket: Ticket, sample_bytes: ByteBudget) -> None:
+        # Plain stores only: idempotent (cost None), and done as one step.
+        cost = ticket.cost
+        if cost is not None:
+            sample_bytes.remaining += cost
             self._count += 1
             if ticket.backed_off:
-                ticket.backed_off = False
                 self._backed_off_count += 1
-        self.pump()
+            ticket.backed_off = False
+            ticket.cost = None
 
     def sender_done(self, ticket: Ticket) -> None:
         """The ticket's send step has returned: its sender may take the next ticket."""
@@ -377,72 +422,111 @@ class Limiter:
         self.pump()
 
     def pump(self) -> None:
-        """Admit queued tickets round-robin, start held ones once the deadline has passed."""
-        starts: list[Ticket] = []
-        stops: list[tuple[Ticket, BaseException]] = []
+        """Admit queued tickets round-robin, start held ones once the deadline has passed.
+
+        Safe against an exception raised at any call (a signal handler's, on the main thread):
+        every transition is one step on the ticket's state; whatever an interrupted pump left
+        undone, the next pump on any thread does (docs/limiter.md#signals).
+        """
+        issue: list[tuple[Ticket, int]] = []
         sample_bytes, _, _ = self._budgets()
         with self._lock:
             now = self.clock.monotonic()
             self._merge_shared_locked(now, reopen=False)
-            self._admit_locked(now, sample_bytes, stops)
+            self._admit_locked(now, sample_bytes)
             if self._held:
                 if now >= self.backoff_until:
-                    starts.extend(self._held)
-                    self._held.clear()
-                    self._active += len(starts)
-                    for ticket in starts:
-                        ticket.sending += 1
+                    kept: collections.deque[Ticket] = collections.deque()
+                    seen: set[int] = set()
+                    for ticket in self._held:
+                        if ticket.state is HELD and id(ticket) not in seen:
+                            seen.add(id(ticket))
+                            kept.append(ticket)
+                            if ticket.issued != ticket.round:
+                                issue.append((ticket, ticket.round))
+                    self._held = kept  # one store; claimed entries go at the next scan
                 else:
                     self._schedule_locked(now)
-        for ticket, exc in stops:
-            ticket.on_stop(exc)
-        for ticket in starts:
+        self._deliver_stops()
+        for ticket, round_ in issue:
+            # Issued until start() returned: if it never does (an exception), the next pump
+            # issues it again, and the extra start finds the claim taken.
             ticket.start()
+            ticket.issued = round_
 
-    def _admit_locked(
-        self, now: float, sample_bytes: ByteBudget, stops: list[tuple[Ticket, BaseException]]
-    ) -> None:
+    def _admit_locked(self, now: float, sample_bytes: ByteBudget) -> None:
         queues = self._queues
         if self.send_width is None:
             self.send_width = pool("sample-submit").max_workers
         while queues:
             owner, queue = next(iter(queues.items()))
+            if not queue:
+                del queues[owner]
+                continue
             ticket = queue[0]
+            if ticket.state is not QUEUED:  # admitted or stopped; an exception cut the cleanup
+                self._advance_locked(owner, queue)
+                continue
             stop = ticket.stop_reason()
             if stop is None:
                 recent = now < self.backoff_until + RECENT_BACKOFF_S
                 if (
-                    self._active + len(self._held) >= self.send_width
+                    self._active + self._parked >= self.send_width
                     or self._count <= 0
                     or (recent and self._backed_off_count <= 0)
                     or sample_bytes.remaining < 0
                 ):
                     return  # every gate is ticket-independent: nobody else would pass either
+                cost = ticket.estimate * BACKED_OFF_BYTE_PENALTY if recent else ticket.estimate
+                self._held.append(ticket)  # the index first: a stale entry is skipped
+                # The admission, as one step (plain stores; a signal cannot land in between):
                 self._count -= 1
-                cost = ticket.estimate
                 if recent:
                     self._backed_off_count -= 1
-                    ticket.backed_off = True
-                    cost *= BACKED_OFF_BYTE_PENALTY
+                ticket.backed_off = recent
                 sample_bytes.remaining -= cost
                 ticket.cost = cost
-                self._held.append(ticket)
+                ticket.round += 1
+                self._parked += 1
+                self._last_served = owner
+                ticket.state = HELD
             else:
-                stops.append((ticket, stop))
-            queue.popleft()
-            self._waiting -= 1
-            self._last_served = owner
-            if queue:
-                queues.move_to_end(owner)  # round-robin: this owner's next ticket waits a turn
-            else:
-                del queues[owner]
+                self._stopping.append((ticket, stop))  # the index first
+                self._last_served = owner
+                ticket.state = STOPPED
+            self._advance_locked(owner, queue)
+
+    def _advance_locked(self, owner: Hashable, queue: collections.deque[Ticket]) -> None:
+        # Drop the queue's head (no longer QUEUED); round-robin: the owner served last waits a
+        # turn. Repeating it after an interruption is harmless: the head is checked first.
+        queue.popleft()
+        if not queue:
+            del self._queues[owner]
+        elif owner == self._last_served:
+            self._queues.move_to_end(owner)
+
+    def _deliver_stops(self) -> None:
+        """Call on_stop for stopped tickets, each at most once (claimed under the lock)."""
+        sample_bytes, _, _ = self._budgets()
+        while True:
+            with self._lock:
+                if not self._stopping:
+                    return
+                ticket, exc = self._stopping[0]
+                deliver = ticket.state is STOPPED
+                if deliver:
+                    self._return_gates_locked(ticket, sample_bytes)
+                    ticket.state = FINISHED
+                self._stopping.popleft()
+            if deliver:
+                ticket.on_stop(exc)
 
     def _schedule_locked(self, now: float) -> None:
         due = self.backoff_until
         if self._timer_due is not None and self._timer_due <= due:
             return
-        self._timer_due = due
         call_later(self.clock, due - now, "sample-submit", self._timer_fired)
+        self._timer_due = due  # after: an interrupted call_later leaves no phantom timer
 
     def _timer_fired(self) -> None:
         with self._lock:
@@ -455,35 +539,24 @@ class Limiter:
         Held tickets and the head of each queue are always checked; ``everything`` also
         checks every queued ticket (close), which a single cancel does not need.
         """
-        stops: list[tuple[Ticket, BaseException]] = []
         with self._lock:
             self._gates_changed.notify_all()
-            kept: collections.deque[Ticket] = collections.deque()
             for ticket in self._held:
-                stop = ticket.stop_reason()
-                if stop is None:
-                    kept.append(ticket)
-                else:
-                    stops.append((ticket, stop))
-            self._held = kept
+                if ticket.state is HELD:
+                    stop = ticket.stop_reason()
+                    if stop is not None:
+                        self._stopping.append((ticket, stop))  # the index first
+                        self._parked -= 1
+                        ticket.state = STOPPED
             if everything:
-                for owner in list(self._queues):
-                    queue = self._queues[owner]
-                    left: collections.deque[Ticket] = collections.deque()
+                for queue in self._queues.values():
                     for ticket in queue:
-                        stop = ticket.stop_reason()
-                        if stop is None:
-                            left.append(ticket)
-                        else:
-                            stops.append((ticket, stop))
-                    self._waiting -= len(queue) - len(left)
-                    if left:
-                        self._queues[owner] = left
-                    else:
-                        del self._queues[owner]
-        for ticket, exc in stops:
-            self.release(ticket)
-            ticket.on_stop(exc)
+                        if ticket.state is QUEUED:
+                            stop = ticket.stop_reason()
+                            if stop is not None:
+                                self._stopping.append((ticket, stop))
+                                ticket.state = STOPPED  # its queue entry goes at its turn
+        self._deliver_stops()
         self.pump()
 
     # ---------------------------------------------------------------- other gates
@@ -536,8 +609,10 @@ class Limiter:
                 "fwdbwd_bytes": fwdbwd.remaining,
                 "response_bytes": response.remaining,
                 "backoff_until": self.backoff_until,
-                "waiting": self._waiting,
-                "held": len(self._held),
+                "waiting": sum(
+                    ticket.state is QUEUED for queue in self._queues.values() for ticket in queue
+                ),
+                "held": self._parked,
             }
 
 

@@ -15,6 +15,7 @@ jobs do not survive a fork (their futures fail in the child).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -227,24 +228,25 @@ class SampleJob:
         self.submit_retry = None  # the submission loop's state for this seq_id, on first send
         limiter = self.limiter
         assert limiter is not None
-        self.ticket = Ticket(
+        ticket = Ticket(
             owner=id(self.client),  # the round-robin unit (an int: keeps no client alive)
             estimate=self.estimate,
-            start=self._start_send,
+            start=lambda: self._start_send(ticket),
             on_stop=self._stopped_waiting,
             stop_reason=self.stop_reason,
         )
-        limiter.enqueue(self.ticket)
+        self.ticket = ticket
+        limiter.enqueue(ticket)
 
-    def _start_send(self) -> None:
+    def _start_send(self, ticket: Ticket) -> None:
         limiter = self.limiter
         assert limiter is not None
-        self.queue("sample-submit", self._send, lane=limiter.sender)
+        self.queue("sample-submit", functools.partial(self._send, ticket), lane=limiter.sender)
 
     def _stopped_waiting(self, exc: BaseException) -> None:
         self.finish(None, exc)
 
-    def _send(self) -> None:
+    def _send(self, ticket: Ticket) -> None:
         """One send of the held ticket: re-check stop and deadline, POST, then settle.
 
         A 429 (or a 402 inside the billing window) moves the tenant's deadline and parks the
@@ -252,8 +254,13 @@ class SampleJob:
         the submission loop's delay. Nothing here waits. The sender slot is freed when this
         step returns, so a started ticket never queues behind another for a thread.
         """
-        limiter, ticket = self.limiter, self.ticket
-        assert limiter is not None and ticket is not None
+        limiter = self.limiter
+        assert limiter is not None
+        # The limiter may start one admission more than once (docs/limiter.md#signals): only
+        # the step that claims it sends. Send steps run on SDK workers, or inline in a non-main
+        # thread waiting in result(): never where a signal handler can interrupt them.
+        if ticket is not self.ticket or not limiter.claim(ticket):
+            return
         try:
             self._send_once()
         finally:
