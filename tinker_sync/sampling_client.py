@@ -471,10 +471,14 @@ class SamplingClient:
         self._session.check_open()
         self._ensure_process()
         job = SampleJob(self, body, _estimate(prompt), finish, current_sdk_method.get(), retry)
-        if self._session.started and self._clone_id is not None:
-            job.admit()  # nothing to wait for: queue for dispatch from this thread, no hand-off
-        else:
-            job.queue("sample-submit", job.begin)  # session start / clone join do I/O
+        try:
+            if self._session.started and self._clone_id is not None:
+                job.admit()  # nothing to wait for: queue for dispatch from this thread, no hand-off
+            else:
+                job.queue("sample-submit", job.begin)  # session start / clone join do I/O
+        except BaseException:
+            job.abandon()  # a signal handler's exception: no future returned, nothing goes on
+            raise
         return job.fut
 
     # ---------------------------------------------------------------- pickling and handles

@@ -342,15 +342,20 @@ class Interrupt(Exception):
     """Stands for a signal handler's exception (an alarm timeout) on the pumping thread."""
 
 
-def _interrupt_at(point: int | None, op: Callable[[], object]) -> int:
-    """Run ``op`` and raise Interrupt at its ``point``-th signal check inside the limiter module:
-    where CPython runs signal handlers (a function's entry, right after a call returns, a loop's
-    back edge). Returns how many such points ``op`` passed (with ``point=None``: none raised)."""
+def _interrupt_at(
+    point: int | None, op: Callable[[], object], where: Callable[[Any], bool] | None = None
+) -> int:
+    """Run ``op`` and raise Interrupt at its ``point``-th signal check inside the limiter module
+    (or in the code objects ``where`` accepts): where CPython runs signal handlers (a function's
+    entry, right after a call returns, a loop's back edge). Returns how many such points ``op``
+    passed (with ``point=None``: none raised)."""
     import dis
     import sys
 
     from tinker_sync._flow import limiter as limiter_module
 
+    if where is None:
+        where = lambda code: code.co_filename == limiter_module.__file__  # noqa: E731
     passed = 0
 
     def check() -> None:
@@ -360,7 +365,7 @@ def _interrupt_at(point: int | None, op: Callable[[], object]) -> int:
             raise Interrupt(point)
 
     def tracer(frame: Any, event: str, arg: object) -> Any:
-        if event != "call" or frame.f_code.co_filename != limiter_module.__file__:
+        if event != "call" or not where(frame.f_code):
             return None
         frame.f_trace_opcodes = True
         prev = [""]
@@ -484,3 +489,38 @@ def test_an_exception_at_any_signal_point_of_a_cancel_stops_the_ticket_at_most_o
         lane.run()
         assert not lane.started and len(lane.stopped) <= 1, (point, lane.stopped)
         _assert_gates_restored(limiter)
+
+
+def test_a_sample_interrupted_at_any_signal_point_leaks_no_slot_and_is_sent_at_most_once(
+    server: Any, service: Any
+) -> None:
+    """``sample()`` on the main thread queues its request inline: an exception raised at any
+    signal point of that path (the retry layer's slot, the job, the limiter) reaches the caller,
+    the abandoned sample is cancelled, its concurrency slot comes back, and the server never sees
+    one seq_id twice (docs/limiter.md#signals)."""
+    from tinker_sync import types
+    from tinker_sync._flow import limiter as limiter_module
+    from tinker_sync._sampling import job as job_module
+    from tinker_sync._sampling import retry as retry_module
+
+    files = {limiter_module.__file__, job_module.__file__, retry_module.__file__}
+    sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+    prompt, params = types.ModelInput.from_ints([1, 2, 3]), types.SamplingParams(max_tokens=2)
+    sampler.sample(prompt, 1, params).result(timeout=HANG)  # started: later samples queue inline
+    handler = sampler._retry_handler()
+
+    def where(code: Any) -> bool:
+        return code.co_filename in files or code.co_name == "_submit"
+
+    points = _interrupt_at(None, lambda: sampler.sample(prompt, 1, params).result(), where)
+    assert points > 30
+    for point in range(points):
+        _interrupt_at(point, lambda: sampler.sample(prompt, 1, params), where)
+        until(lambda: handler.in_flight == 0)
+    assert len(sampler.sample(prompt, 2, params).result(timeout=HANG).sequences) == 2
+    seq_ids = [
+        (record.json or {}).get("seq_id")
+        for record in server.requests.all()
+        if record.endpoint == "asample"
+    ]
+    assert len(seq_ids) == len(set(seq_ids)) > 2

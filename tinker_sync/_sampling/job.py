@@ -107,6 +107,7 @@ class SampleJob:
         self.lost: list[str] = []
         self._stop: BaseException | None = None
         self._released = False
+        self._slot: list[bool] = []  # [True] once a concurrency slot is held
         self.fut: APIFuture[Any] = APIFuture(on_cancel=self._on_cancel, description="Sample")
         self.fut._owner = self.session  # type: ignore[attr-defined]
         self._stall = StallWatch(self.session.clock, self.session.config.stall_timeout, "Sample")
@@ -205,8 +206,17 @@ class SampleJob:
             return
         if self.fut.cancelled():
             return
-        if self.handler.admit(self.attempt_once):
+        self.handler.admit(self.attempt_once, self._slot)  # _slot records a taken slot at once
+        if self._slot:
             self.attempt_once()
+
+    def abandon(self) -> None:
+        """``sample()`` is raising (a signal handler's exception while it queued this job, on
+        the main thread): the caller never gets the future, so the sample must not go on.
+        Cancel it and give back its concurrency slot (docs/limiter.md#signals)."""
+        self.fut.cancel()  # a queued ticket stops at its turn, a held one now
+        if self._slot:
+            self._release(progressed=False)  # once: a later finish finds it released
 
     def attempt_once(self) -> None:
         """Queue a submission under a fresh seq_id with the tenant's dispatcher (no waiting)."""

@@ -3,7 +3,9 @@
 Usage::
 
     handler = handler_for(sampler_id, retry_config, session)
-    if handler.admit(start):          # a concurrency slot (server sample_max_concurrent_requests)
+    taken = []
+    handler.admit(start, taken)       # a concurrency slot (server sample_max_concurrent_requests)
+    if taken:
         start()
     delay = retry_config.delay(attempt, clock.random())
 
@@ -132,14 +134,22 @@ class RetryHandler:
     def parked(self) -> int:
         return len(self._parked)
 
-    def admit(self, start: Callable[[], None]) -> bool:
-        """Take a slot (True), or park ``start`` to run on ``sample-submit`` later (False)."""
+    def admit(self, start: Callable[[], None], taken: list[bool]) -> None:
+        """Take a slot (appends True to ``taken``), or park ``start`` to run on
+        ``sample-submit`` later.
+
+        The slot is recorded in ``taken`` in the same step that takes it, so a caller cut short
+        by a signal handler's exception (on the main thread) still knows it holds one.
+        """
         with self._lock:
             if self.capacity is not None and self.in_flight >= self.capacity:
                 self._parked.append(start)
-                return False
-            self._take()
-            return True
+                return
+            if self.in_flight == 0:
+                self.last_progress = self.clock.monotonic()
+            # One step: no call between taking the slot and recording it.
+            self.in_flight += 1
+            taken.append(True)
 
     def _take(self) -> None:
         if self.in_flight == 0:
