@@ -28,6 +28,29 @@ from tinker_sync.exceptions import RequestErrorCategory
         (T.LoraConfig, {"rank": 4}),
         (T.AdamParams, {}),
         (T.GetInfoRequest, {"model_id": "m"}),
+    ],
+)
+def test_unknown_kwargs_rejected(cls, kwargs):
+    """Request and input types reject an unknown keyword as pydantic's extra_forbidden: a
+    ValueError (and a TypeError, what earlier versions raised) naming it."""
+    cls(**kwargs)
+    with pytest.raises(ValueError) as raised:
+        cls(**kwargs, not_a_field=1)
+    assert isinstance(raised.value, TypeError)
+    assert raised.value.errors() == [  # type: ignore[attr-defined]
+        {
+            "type": "extra_forbidden",
+            "loc": ("not_a_field",),
+            "msg": "Extra inputs are not permitted",
+            "input": 1,
+        }
+    ]
+    assert str(raised.value) == f"{cls.__name__}.not_a_field: Extra inputs are not permitted"
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
         (T.CreateSessionResponse, {"session_id": "s"}),
         (
             T.Checkpoint,
@@ -40,10 +63,11 @@ from tinker_sync.exceptions import RequestErrorCategory
         ),
     ],
 )
-def test_unknown_kwargs_rejected(cls, kwargs):
-    cls(**kwargs)
-    with pytest.raises(TypeError):
-        cls(**kwargs, not_a_field=1)
+def test_unknown_kwargs_of_response_types_are_dropped_with_a_warning(cls, kwargs):
+    """As the official response types do (pydantic extra="ignore"), plus a warning."""
+    with pytest.warns(UserWarning, match="ignores unknown keyword argument.*'not_a_field'"):
+        obj = cls(**kwargs, not_a_field=1)
+    assert obj == cls(**kwargs)
 
 
 def test_positional_construction_rejected():

@@ -107,6 +107,15 @@ COERCIONS: dict[str, str] = {
 """``"Type.field"`` whose accepted values differ from the official pydantic field's
 (tests/conformance/test_coercion_conformance.py)."""
 
+UNKNOWN_KEYWORDS: dict[str, str] = {
+    "SamplingParams": "an unknown keyword is a `ValidationError` (`extra_forbidden`), so a typo "
+    "such as `max_token` fails at once; the official `SamplingParams` ignores it",
+    "TelemetryBatch": "the same class as `TelemetrySendRequest` here, whose official model "
+    "forbids unknown keywords; the official `TelemetryBatch` ignores them",
+}
+"""Types whose constructor treats an unknown keyword unlike the official type's
+(tests/conformance/test_coercion_conformance.py)."""
+
 _HOLDER = (
     "the official constructor takes the client's internal `InternalClientHolder`; tinker_sync's "
     "clients are made by `ServiceClient` (the documented way in both SDKs)"

@@ -217,3 +217,58 @@ def test_every_coercion_allowlist_entry_is_still_needed() -> None:
         name = key.split(".", 1)[0]
         assert name in MODELS, f"{key}: no such official model"
         assert any(p.startswith(key + ":") for p in _problems(name)), f"{key}: same now; drop it"
+
+
+UNKNOWN = "zz_not_a_field"
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_an_unknown_keyword_is_treated_like_the_official_type(name: str) -> None:
+    """The official type rejects it (``extra_forbidden``) or drops it: ours does the same, with
+    a ``ValueError`` naming the keyword, or dropping it (and warning)."""
+    import warnings
+
+    official = getattr(official_types, name)
+    base = _base(official)
+    if base is None:
+        pytest.skip(f"no valid sample of official {name} can be generated")
+    try:
+        official(**base, **{UNKNOWN: 1})
+        forbidden = False
+    except pydantic.ValidationError as exc:
+        forbidden = any(e["type"] == "extra_forbidden" for e in exc.errors())
+        assert forbidden, exc.errors()
+    ours_cls = getattr(T, name)
+    if name in allowlist.UNKNOWN_KEYWORDS:
+        forbidden = not forbidden  # the documented difference, checked as such
+    if forbidden:
+        with pytest.raises(ValueError) as raised:
+            ours_cls(**base, **{UNKNOWN: 1})
+        errors = raised.value.errors()  # type: ignore[attr-defined]
+        expected = {"type": "extra_forbidden", "loc": (UNKNOWN,), "input": 1}
+        assert expected.items() <= errors[0].items(), errors
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = ours_cls(**base, **{UNKNOWN: 1})
+    assert normalize(ours) == normalize(ours_cls(**base))
+    assert [str(w.message) for w in caught if UNKNOWN in str(w.message)]
+
+
+def test_every_unknown_keyword_allowlist_entry_is_still_needed() -> None:
+    for name in allowlist.UNKNOWN_KEYWORDS:
+        assert name in MODELS, f"{name}: no such official model"
+        official, ours = getattr(official_types, name), getattr(T, name)
+        base = _base(official)
+        assert base is not None, name
+        try:
+            official(**base, **{UNKNOWN: 1})
+            official_rejects = False
+        except pydantic.ValidationError:
+            official_rejects = True
+        try:
+            ours(**base, **{UNKNOWN: 1})
+            ours_rejects = False
+        except ValueError:
+            ours_rejects = True
+        assert official_rejects != ours_rejects, f"{name}: same now; drop it"

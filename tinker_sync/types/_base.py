@@ -136,6 +136,17 @@ class TinkerModel:
     """Fields sent as JSON ``null`` on the wire when None (the null allowlist)."""
     _tinker_extra_init: ClassVar[frozenset[str]] = frozenset()
     """Constructor keywords that are not fields (e.g. list forms of numpy fields)."""
+    _tinker_ignore_unknown: ClassVar[bool | None] = None
+    """An unknown constructor keyword is dropped with a warning (True) or is a ValidationError
+    ``extra_forbidden`` (False); None: rejected by request types, dropped by response types, as
+    the official types do (docs/migration.md#coercion)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        built = "__attrs_attrs__" in cls.__dict__  # the class attrs built (not the draft)
+        if init is not None and built and not getattr(init, "_tinker_guarded", False):
+            cls.__init__ = _guard_keywords(cls, init)  # type: ignore[method-assign]
 
     model_fields = _ModelFields()
     """``{name: FieldInfo}`` of the public fields, in order (like pydantic's ``model_fields``)."""
@@ -215,6 +226,53 @@ class TinkerModel:
             else:
                 out[name] = dump(value, json, drop_none, wire)
         return out
+
+
+def _guard_keywords(cls: type, init: Callable[..., None]) -> Callable[..., None]:
+    """``init`` with unknown keywords as the official types treat them (see
+    ``TinkerModel._tinker_ignore_unknown``); costs nothing until the call fails."""
+    import functools
+    import inspect
+
+    params = inspect.signature(init).parameters.values()
+    known = frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except TypeError as exc:
+            unknown = [k for k in kwargs if k not in known]
+            if isinstance(exc, ValidationError) or not unknown:
+                raise
+            ignore = cls._tinker_ignore_unknown  # type: ignore[attr-defined]
+            if ignore is None:
+                ignore = not cls._tinker_request  # type: ignore[attr-defined]
+            if not ignore:
+                raise ValidationError(
+                    cls.__name__,
+                    [
+                        {
+                            "type": "extra_forbidden",
+                            "loc": (k,),
+                            "msg": "Extra inputs are not permitted",
+                            "input": kwargs[k],
+                        }
+                        for k in unknown
+                    ],
+                ) from None
+            import warnings
+
+            warnings.warn(
+                f"{cls.__name__}() ignores unknown keyword argument(s) "
+                f"{', '.join(map(repr, unknown))} (as the official SDK does)",
+                UserWarning,
+                stacklevel=2,
+            )
+            init(self, *args, **{k: v for k, v in kwargs.items() if k in known})
+
+    __init__._tinker_guarded = True  # type: ignore[attr-defined]
+    return __init__
 
 
 class TinkerRequest(TinkerModel):
