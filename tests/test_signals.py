@@ -138,6 +138,67 @@ def test_exit_with_64_threads_blocked_in_result(held_server: LocalServer, how: s
     assert out.splitlines() == ["ClientClosedError True"] * 64, err
 
 
+_WITH_POOL_CHILD = r"""
+import concurrent.futures, os, sys, threading
+import tinker_sync
+from tinker_sync import types
+url, key = sys.argv[1], sys.argv[2]
+service = tinker_sync.ServiceClient(base_url=url, api_key=key)
+sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+prompt, params = types.ModelInput.from_ints([1, 2, 3]), types.SamplingParams(max_tokens=2)
+accepted = threading.Semaphore(0)
+def work(i):
+    fut = sampler.sample(prompt, 1, params)
+    while fut.request_id is None:
+        threading.Event().wait(0.01)
+    accepted.release()
+    try:
+        fut.result()
+        line = "result"
+    except BaseException as exc:
+        line = type(exc).__name__
+    os.write(1, f"{line}\n".encode())
+with concurrent.futures.ThreadPoolExecutor(64) as pool:
+    for i in range(64):
+        pool.submit(work, i)
+    for _ in range(64):
+        accepted.acquire()
+    try:
+        print("ready", flush=True)
+        threading.Event().wait()  # Ctrl-C arrives here
+    except KeyboardInterrupt:
+        service.close()  # the documented fix: pending futures fail, the workers return
+        raise
+"""
+
+
+@pytest.mark.parametrize("held_server", [False], ids=["per-future"], indirect=True)
+def test_ctrl_c_inside_a_with_thread_pool_exits_when_the_program_closes_the_service(
+    held_server: LocalServer,
+) -> None:
+    """Inside ``with ThreadPoolExecutor()`` the block's own ``shutdown(wait=True)`` joins the
+    workers before the interpreter exits: the fix docs/guarantees.md#signals-and-exit gives
+    (``service.close()`` in ``except KeyboardInterrupt``) fails the 64 pending futures with
+    ClientClosedError, so the process ends within 2 s of Ctrl-C."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WITH_POOL_CHILD, held_server.url, KEY],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        code, _, out, err = finish(proc, HANG)
+        pytest.fail(f"child failed before the test started: {line}{out}{err}")
+    proc.send_signal(signal.SIGINT)
+    code, took, out, err = finish(proc, 10.0)
+    assert code == -signal.SIGINT, err
+    assert took < 2.0
+    assert out.splitlines() == ["ClientClosedError"] * 64, err
+
+
 # ------------------------------------------------------------------------ tinker-sync exec
 
 _HANDLER_PROGRAM = r"""
