@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from signal_points import interrupt_at  # tests/signal_points.py
 
 from tinker_sync._config import normalize_base_url
 from tinker_sync._flow.limiter import (
@@ -338,59 +339,6 @@ def test_response_and_fwdbwd_budgets_admit_while_non_negative():
 # ------------------------------------------------------------------ exceptions from signal handlers
 
 
-class Interrupt(Exception):
-    """Stands for a signal handler's exception (an alarm timeout) on the pumping thread."""
-
-
-def _interrupt_at(
-    point: int | None, op: Callable[[], object], where: Callable[[Any], bool] | None = None
-) -> int:
-    """Run ``op`` and raise Interrupt at its ``point``-th signal check inside the limiter module
-    (or in the code objects ``where`` accepts): where CPython runs signal handlers (a function's
-    entry, right after a call returns, a loop's back edge). Returns how many such points ``op``
-    passed (with ``point=None``: none raised)."""
-    import dis
-    import sys
-
-    from tinker_sync._flow import limiter as limiter_module
-
-    if where is None:
-        where = lambda code: code.co_filename == limiter_module.__file__  # noqa: E731
-    passed = 0
-
-    def check() -> None:
-        nonlocal passed
-        passed += 1
-        if passed - 1 == point:
-            raise Interrupt(point)
-
-    def tracer(frame: Any, event: str, arg: object) -> Any:
-        if event != "call" or not where(frame.f_code):
-            return None
-        frame.f_trace_opcodes = True
-        prev = [""]
-
-        def local(frame: Any, event: str, arg: object) -> Any:
-            if event == "opcode":
-                name = dis.opname[frame.f_code.co_code[frame.f_lasti]]
-                if prev[0] == "CALL" or name == "JUMP_BACKWARD":
-                    check()
-                prev[0] = name
-            return local
-
-        check()
-        return local
-
-    sys.settrace(tracer)
-    try:
-        op()
-    except Interrupt:
-        pass
-    finally:
-        sys.settrace(None)
-    return passed
-
-
 class Lane(Tickets):
     """Tickets whose start() only schedules the send step; ``run()`` runs the scheduled steps
     as a sender thread would (claim first), outside any interruption."""
@@ -454,7 +402,7 @@ def test_an_exception_at_any_signal_point_of_a_pump_starts_no_ticket_twice_and_l
         for name, owner in (("a0", "A"), ("a1", "A"), ("b0", "B"), ("a2", "A")):
             lane.submit(name, owner=owner)
         limiter.send_width = 3
-        passed = _interrupt_at(point, lambda: lane.submit("b1", owner="B"))
+        passed = interrupt_at(point, lambda: lane.submit("b1", owner="B"))
         return limiter, lane, passed
 
     _, _, points = scenario(None)
@@ -479,7 +427,7 @@ def test_an_exception_at_any_signal_point_of_a_cancel_stops_the_ticket_at_most_o
         lane = Lane(limiter)
         lane.submit("held")
         lane.stop_all = RuntimeError("cancelled")
-        return limiter, lane, _interrupt_at(point, lambda: limiter.wake(everything=False))
+        return limiter, lane, interrupt_at(point, lambda: limiter.wake(everything=False))
 
     _, _, points = scenario(None)
     assert points > 10
@@ -512,10 +460,10 @@ def test_a_sample_interrupted_at_any_signal_point_leaks_no_slot_and_is_sent_at_m
     def where(code: Any) -> bool:
         return code.co_filename in files or code.co_name == "_submit"
 
-    points = _interrupt_at(None, lambda: sampler.sample(prompt, 1, params).result(), where)
+    points = interrupt_at(None, lambda: sampler.sample(prompt, 1, params).result(), where)
     assert points > 30
     for point in range(points):
-        _interrupt_at(point, lambda: sampler.sample(prompt, 1, params), where)
+        interrupt_at(point, lambda: sampler.sample(prompt, 1, params), where)
         until(lambda: handler.in_flight == 0)
     assert len(sampler.sample(prompt, 2, params).result(timeout=HANG).sequences) == 2
     seq_ids = [

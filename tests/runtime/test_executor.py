@@ -132,6 +132,36 @@ def test_bounded_lane_runs_at_most_limit_jobs_at_once():
     assert lane.active == 0
 
 
+def test_a_lane_submit_interrupted_at_any_signal_point_never_wedges_the_lane():
+    """A main-thread submit cut short by a signal handler's exception (at any point where one can
+    land) may lose its own job, but never leaves the lane counting a drain that does not run:
+    the next job always runs (docs/limiter.md#signals)."""
+    from signal_points import interrupt_at
+
+    ran: list[str] = []
+    done = threading.Condition()
+
+    def job(name: str) -> None:
+        with done:
+            ran.append(name)
+            done.notify_all()
+
+    def wait_for(name: str) -> None:
+        with done:
+            assert done.wait_for(lambda: name in ran, HANG), name
+
+    def where(code: object) -> bool:
+        return getattr(code, "co_filename", None) == executor.__file__
+
+    points = interrupt_at(None, lambda: BoundedLane("test-lane", 1).submit(job, "count"), where)
+    assert points > 5
+    for point in range(points):
+        lane = BoundedLane("test-lane", 1)
+        interrupt_at(point, lambda: lane.submit(job, f"cut{point}"), where)  # noqa: B023
+        lane.submit(job, f"next{point}")
+        wait_for(f"next{point}")
+
+
 def test_a_lane_that_empties_and_refills_never_grows_its_pool_past_its_limit():
     """Drains that find the queue empty free their worker before their slot: a drain started
     by the next submission takes that worker, so the pool's threads stay within the lane's

@@ -268,11 +268,13 @@ class BoundedLane:
                 self._active = 0
                 self._generation = fork_generation()
             self._jobs.append((fn, args))
-            start = self._active < self.limit
-            if start:
+            if self._active < self.limit:
+                # Queued before it is counted (the pool runs nothing inline, and lane -> pool
+                # is the lock order _drain uses too): a signal handler's exception on the
+                # main thread in between lets one more drain run at most; counted first, it
+                # could leave the lane counting a drain that never started, for good.
+                pool(self.role).submit(self._drain)
                 self._active += 1
-        if start:
-            pool(self.role).submit(self._drain)
 
     @property
     def active(self) -> int:
