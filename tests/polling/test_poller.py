@@ -439,3 +439,40 @@ def test_2000_pending_samples_without_the_poller_stay_within_the_pool_bounds():
     """Without the poller, polling threads are capped by the sample-poll pool (400)
     (docs/design/behavior.md#thread-inventory)."""
     _pending_samples_within_bounds(2000, poller=False, bound=400 + 8 + 8)
+
+
+def test_a_cancel_enqueue_interrupted_at_any_signal_point_never_stops_later_cancels() -> None:
+    """A user's cancel on the main thread, cut short by a signal handler's exception anywhere in
+    the cancel queue's enqueue, may lose its own cancel but never leaves the queue flagged as
+    draining with no drain: the next cancel is sent (docs/limiter.md#signals)."""
+    from signal_points import interrupt_at
+
+    from tinker_sync._polling import poller as poller_module
+    from tinker_sync._polling.poller import CancelQueue
+
+    def where(code: Any) -> bool:
+        return code.co_filename == poller_module.__file__
+
+    with LocalServer(backend="instant") as srv:
+        srv.set_dynamic_config(sample_cancel_enabled=True)
+        service = tinker_sync.ServiceClient(base_url=srv.url, api_key=srv.api_key)
+        try:
+            sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+            prompt = types.ModelInput.from_ints([1, 2])
+            sampler.sample(prompt, 1, types.SamplingParams(max_tokens=1)).result(HANG)
+            queue = CancelQueue(service._session)
+            points = interrupt_at(None, lambda: queue.enqueue("count"), where)
+            assert points > 3
+            for point in range(points):
+                queue = CancelQueue(service._session)
+                interrupt_at(point, lambda: queue.enqueue(f"cut{point}"), where)  # noqa: B023
+                assert queue.enqueue(f"next{point}")
+                deadline = time.monotonic() + HANG
+                while not any(
+                    r.endpoint == "cancel_future" and f"next{point}" in str(r.json)
+                    for r in srv.requests.all()
+                ):
+                    assert time.monotonic() < deadline, f"next{point} was never sent"
+                    threading.Event().wait(0.005)
+        finally:
+            service.close()

@@ -570,10 +570,12 @@ class CancelQueue:
             return False
         with self._lock:
             self._ids.append(request_id)
-            start = not self._draining
-            self._draining = True
-        if start:
-            pool("rest").submit(self._drain)
+            if not self._draining:
+                # Queued before the flag is set (the pool runs nothing inline): a signal
+                # handler's exception on the main thread in between lets a second drain run at
+                # most; flagged first, it could leave no drain and every later cancel unsent.
+                pool("rest").submit(self._drain)
+                self._draining = True
         return True
 
     def _drain(self) -> None:
