@@ -132,10 +132,11 @@ def test_bounded_lane_runs_at_most_limit_jobs_at_once():
     assert lane.active == 0
 
 
-def test_a_lane_submit_interrupted_at_any_signal_point_never_wedges_the_lane():
+def test_a_lane_submit_interrupted_at_any_signal_point_never_wedges_the_lane(fresh_sizes):
     """A main-thread submit cut short by a signal handler's exception (at any point where one can
-    land) may lose its own job, but never leaves the lane counting a drain that does not run:
-    the next job always runs (docs/limiter.md#signals)."""
+    land) may lose its own job, but never leaves the lane counting a drain that does not run,
+    nor the pool counting a thread that never started: the next job always runs, on a pool
+    that has to start a thread and on one with threads already (docs/limiter.md#signals)."""
     from signal_points import interrupt_at
 
     ran: list[str] = []
@@ -153,13 +154,20 @@ def test_a_lane_submit_interrupted_at_any_signal_point_never_wedges_the_lane():
     def where(code: object) -> bool:
         return getattr(code, "co_filename", None) == executor.__file__
 
-    points = interrupt_at(None, lambda: BoundedLane("test-lane", 1).submit(job, "count"), where)
+    def fresh_lane(name: str) -> BoundedLane:
+        # A one-thread pool of its own with no thread yet (submit starts it), whose worker
+        # exits as soon as it is empty, so none outlives the test.
+        executor._sizes[name] = 1
+        pool(name).retire_idle()
+        return BoundedLane(name, 1)
+
+    points = interrupt_at(None, lambda: fresh_lane("test-lane-x").submit(job, "count"), where)
     assert points > 5
     for point in range(points):
-        lane = BoundedLane("test-lane", 1)
-        interrupt_at(point, lambda: lane.submit(job, f"cut{point}"), where)  # noqa: B023
-        lane.submit(job, f"next{point}")
-        wait_for(f"next{point}")
+        for lane in (fresh_lane(f"test-lane-{point}"), BoundedLane("test-lane", 1)):
+            interrupt_at(point, lambda: lane.submit(job, f"cut{point}"), where)  # noqa: B023
+            lane.submit(job, f"next{point}{lane.role}")
+            wait_for(f"next{point}{lane.role}")
 
 
 def test_a_lane_that_empties_and_refills_never_grows_its_pool_past_its_limit():

@@ -139,8 +139,7 @@ class DaemonPool:
                 self._counter += 1
                 name = f"tinker_sync-{self.role}-{self._counter}"
                 worker = threading.Thread(target=self._work, name=name, daemon=True)
-                self._threads += 1
-                self._peak = max(self._peak, self._threads)
+                self._threads += 1  # no call between counting it and the try below
                 try:
                     worker.start()
                 except BaseException as exc:
@@ -153,6 +152,7 @@ class DaemonPool:
                     if raised is not None and raised is not exc:
                         raise raised  # noqa: B904 (the caller's own, unchanged)
                     raise
+                self._peak = max(self._peak, self._threads)
             else:
                 self._wakeup.notify()
 
