@@ -83,6 +83,20 @@ FACTS: list[Fact] = [
         [retry.HOLDER_MAX_WAIT, retry.HOLDER_BUDGET_S],
     ),
     Fact(r"pool width \((\d+) by default\)", [executor.DEFAULT_SIZES["sample-submit"]]),
+    # the latency-driven send width (docs/limiter.md#send-width)
+    Fact(
+        r"knows (\d+) of the last (\d+), takes",
+        [limiter.SEND_LATENCY_MIN_SAMPLES, limiter.SEND_LATENCY_WINDOW],
+    ),
+    Fact(r"`m` ≤ (\d+) ms", [limiter.WIDEN_ABOVE_S * 1000]),
+    Fact(r"`m` > (\d+) ms", [limiter.WIDEN_ABOVE_S * 1000]),
+    Fact(
+        r"⌈8 × m / ([\d.]+) s⌉, at most (\d+)",
+        [limiter.SEND_TARGET_S, limiter.MAX_SEND_WIDTH],
+    ),
+    Fact(r"more than ([\d.]+) of a core", [limiter.BUSY_CPU_SHARE]),
+    Fact(r"exchanges older than (\d+) s are forgotten", [limiter.SEND_LATENCY_MAX_AGE_S]),
+    Fact(r"Widened up to (\d+) while exchanges are slow", [limiter.MAX_SEND_WIDTH]),
     # HTTP retries and the submission loop (docs/guarantees.md, _flow/retry.py)
     Fact(
         r"`max_retries` retries \(default (\d+)\) at ([\d.]+), 1, 2 … (\d+) s",

@@ -29,8 +29,9 @@ import pytest
 
 import tinker_sync
 from tinker_sync import types
-from tinker_sync._flow.limiter import reset_limiters
+from tinker_sync._flow.limiter import LOOPBACK_WIDENS_ENV, MAX_SEND_WIDTH, reset_limiters
 from tinker_sync._runtime.clock import FakeClock
+from tinker_sync._runtime.executor import pool
 from tinker_sync._sampling.retry import RetryConfig
 from tinker_sync.exceptions import (
     ClientClosedError,
@@ -291,6 +292,44 @@ def test_1000_concurrent_samples_never_exceed_400_in_flight(make_server):
     overlap = max_overlap([(r.time, r.time + r.duration_s) for r in reqs])
     assert overlap <= 400
     assert overlap > 100  # the gate binds (not a small thread pool)
+
+
+@pytest.mark.parametrize(("delay", "wide"), [(0.1, True), (0.0, False)])
+def test_the_send_width_follows_the_exchange_latency(
+    make_server, make_client, monkeypatch, delay, wide
+):
+    """Slow ``asample`` exchanges (100 ms) widen the senders past the pool's 8, so the server
+    holds more than 8 submissions at once; fast ones keep 8 (docs/limiter.md#send-width).
+    The local server plays a distant one (a loopback server keeps 8 by default)."""
+    monkeypatch.setenv(LOOPBACK_WIDENS_ENV, "1")
+    faults = [f"asample delay={delay} x*"] if delay else []
+    srv = make_server(faults=faults)
+    service = make_client(srv)
+    sampler = sampler_of(service)
+    base = pool("sample-submit").max_workers
+    futures = [sampler.sample(PROMPT, 1, PARAMS) for _ in range(80)]
+    done, pending = concurrent.futures.wait(futures, timeout=HANG)
+    assert not pending and all(f.exception() is None for f in done)
+    reqs = srv.requests.filter("asample")
+    overlap = max_overlap([(r.time, r.time + r.duration_s) for r in reqs])
+    if wide:
+        assert base < overlap <= MAX_SEND_WIDTH, overlap
+    else:
+        assert overlap <= base, overlap
+        assert service._session.limiter.send_width == base
+
+
+def test_a_loopback_server_keeps_the_base_send_width(make_server, make_client):
+    """By default slow exchanges with a server on this machine do not widen the senders:
+    the machine is busy, not far away (docs/limiter.md#send-width)."""
+    srv = make_server(faults=["asample delay=0.1 x*"])
+    sampler = sampler_of(make_client(srv))
+    base = pool("sample-submit").max_workers
+    futures = [sampler.sample(PROMPT, 1, PARAMS) for _ in range(5 * base)]
+    done, pending = concurrent.futures.wait(futures, timeout=HANG)
+    assert not pending and all(f.exception() is None for f in done)
+    reqs = srv.requests.filter("asample")
+    assert max_overlap([(r.time, r.time + r.duration_s) for r in reqs]) <= base
 
 
 @pytest.mark.parametrize(

@@ -39,8 +39,13 @@ time).
 from __future__ import annotations
 
 import collections
+import ipaddress
 import logging
+import math
+import os
 import threading
+import time
+import urllib.parse
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -66,6 +71,37 @@ RATE_LIMIT_BACKOFF_S = 1.0
 LARGE_PROMPT_BACKOFF_S = 5.0
 #: The backoff a paused queue state on a sampling poll sets.
 PAUSED_QUEUE_BACKOFF_S = 1.0
+#: The send width follows latency (docs/limiter.md#send-width): once SEND_LATENCY_MIN_SAMPLES
+#: of the last SEND_LATENCY_WINDOW ``asample`` exchanges sent at the base width are known, a
+#: median above WIDEN_ABOVE_S widens the senders to base x median / SEND_TARGET_S, at most
+#: MAX_SEND_WIDTH; exchanges older than SEND_LATENCY_MAX_AGE_S are forgotten (the width
+#: starts at the base). Not while the process used more than BUSY_CPU_SHARE of a core over
+#: those exchanges: then they are slow because the client is CPU-bound, and more senders
+#: only add GIL contention.
+SEND_LATENCY_WINDOW = 16
+SEND_LATENCY_MIN_SAMPLES = 8
+WIDEN_ABOVE_S = 0.075
+SEND_TARGET_S = 0.025
+MAX_SEND_WIDTH = 64
+SEND_LATENCY_MAX_AGE_S = 60.0
+BUSY_CPU_SHARE = 0.75
+#: A server on a loopback host keeps the base width: its exchanges are slow because this
+#: machine is busy, not because the server is far away. ``TINKER_SYNC_LOOPBACK_WIDENS=1``
+#: lifts that (tests and benchmarks that play a distant server with a delay fault).
+LOOPBACK_WIDENS_ENV = "TINKER_SYNC_LOOPBACK_WIDENS"
+
+
+def _may_widen(normalized_base_url: str) -> bool:
+    """False for a loopback server unless LOOPBACK_WIDENS_ENV is set to 1."""
+    if os.environ.get(LOOPBACK_WIDENS_ENV, "").strip() == "1":
+        return True
+    host = urllib.parse.urlsplit(normalized_base_url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name: not known to be this machine
 
 
 class Stopped(Exception):
@@ -192,10 +228,17 @@ class Limiter:
         self._stopping: collections.deque[tuple[Ticket, BaseException]] = collections.deque()
         self._timer_due: float | None = None
         self._sender: BoundedLane | None = None
-        #: Tickets started or held at once (None: the ``sample-submit`` pool's width). Gates
-        #: are taken only when a sender is free, so a newcomer is never queued behind tickets
-        #: that were admitted early and are merely waiting for a thread.
-        self.send_width: int | None = None
+        #: A fixed send width set by a test (None: follow latency, see :attr:`send_width`).
+        self._width_override: int | None = None
+        self._base_width: int | None = None  # the sample-submit pool's size, read on first use
+        self._width: int | None = None  # the latency-driven width (None: the base)
+        self._latencies: collections.deque[float] = collections.deque(maxlen=SEND_LATENCY_WINDOW)
+        #: (clock reading, process CPU seconds) at each recorded exchange.
+        self._cpu_marks: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=SEND_LATENCY_WINDOW
+        )
+        self._latency_at = float("-inf")  # when the last exchange was recorded
+        self._may_widen = _may_widen(key[0])
         self._active = 0  # claims whose send step has not returned (sender_done)
         self._users = 0  # started sessions using this limiter
         self._bad_shared_logged = False
@@ -232,15 +275,87 @@ class Limiter:
 
     @property
     def sender(self) -> BoundedLane:
-        """This tenant's fair lane on the ``sample-submit`` pool (as wide as the pool)."""
+        """This tenant's fair lane on the ``sample-submit`` pool (bounded by the send width)."""
         lane = self._sender
         if lane is None:
             with self._lock:
                 lane = self._sender
                 if lane is None:
-                    width = pool("sample-submit").max_workers
+                    width = max(pool("sample-submit").max_workers, MAX_SEND_WIDTH)
                     lane = self._sender = BoundedLane("sample-submit", width, fair=True)
         return lane
+
+    # ---------------------------------------------------------------- send width
+
+    @property
+    def send_width(self) -> int:
+        """Tickets started or held at once (docs/limiter.md#send-width).
+
+        The ``sample-submit`` pool's size, widened while recent exchanges are slow. Gates are
+        taken only when a sender is free, so a newcomer is never queued behind tickets that
+        were admitted early and are merely waiting for a thread. Setting it fixes the width.
+        """
+        if self._width_override is not None:
+            return self._width_override
+        if self._width is not None:
+            return self._width
+        if self._base_width is None:
+            self._base_width = pool("sample-submit").max_workers
+        return self._base_width
+
+    @send_width.setter
+    def send_width(self, width: int) -> None:
+        self._width_override = width
+
+    def in_flight(self) -> int:
+        """Tickets started and not yet returned from their send step (for :meth:`record_send`)."""
+        return self._active
+
+    def record_send(self, seconds: float, in_flight: int) -> None:
+        """One ``asample`` exchange took ``seconds``; ``in_flight`` sends were under way then.
+
+        Recomputes the latency-driven send width (Little's law: the sends in flight needed
+        for a rate are that rate times the exchange time) and widens the pool to match. Only
+        exchanges sent at the base width count: one sent wider may be slow because of the
+        width itself (a server on this machine busy with our own sends), which must not feed
+        back into more width.
+        """
+        if self._base_width is None:
+            self._base_width = pool("sample-submit").max_workers
+        if in_flight > self._base_width or not self._may_widen:
+            return
+        cpu = time.process_time()
+        with self._lock:
+            self._latency_at = now = self.clock.monotonic()
+            self._latencies.append(seconds)
+            self._cpu_marks.append((now, cpu))
+            changed, width = self._update_width_locked()
+        if changed:
+            pool("sample-submit").widen(self, width)
+            self.pump()
+
+    def _update_width_locked(self) -> tuple[bool, int]:
+        if self._base_width is None:
+            self._base_width = pool("sample-submit").max_workers
+        base = self._base_width
+        width = base
+        if len(self._latencies) >= SEND_LATENCY_MIN_SAMPLES:
+            ordered = sorted(self._latencies)
+            median = ordered[len(ordered) // 2]
+            (t0, cpu0), (t1, cpu1) = self._cpu_marks[0], self._cpu_marks[-1]
+            idle_cpu = t1 > t0 and (cpu1 - cpu0) / (t1 - t0) < BUSY_CPU_SHARE
+            if median > WIDEN_ABOVE_S and idle_cpu:
+                width = max(base, min(MAX_SEND_WIDTH, math.ceil(base * median / SEND_TARGET_S)))
+        old = base if self._width is None else self._width
+        self._width = None if width == base else width
+        return width != old, width
+
+    def _forget_stale_latencies_locked(self, now: float) -> tuple[bool, int]:
+        if self._latencies and now - self._latency_at > SEND_LATENCY_MAX_AGE_S:
+            self._latencies.clear()
+            self._cpu_marks.clear()
+            return self._update_width_locked()
+        return False, 0
 
     # ---------------------------------------------------------------- deadline
 
@@ -325,6 +440,7 @@ class Limiter:
             self._users = max(0, self._users - 1)
             last = self._users == 0
         if last:
+            pool("sample-submit").widen(self, 0)  # the pool's extra width goes with the tenant
             self.close_shared()
 
     def close_shared(self) -> None:
@@ -352,6 +468,7 @@ class Limiter:
         """Queue a ticket behind its owner's earlier ones; it starts when admitted."""
         with self._lock:
             self._shared_file()  # a new dispatch: (re)open the shared deadline
+            narrowed, width = self._forget_stale_latencies_locked(self.clock.monotonic())
             queue = self._queues.get(ticket.owner)
             if queue is None:
                 # Created holding the ticket: the ring never gets an empty queue of ours.
@@ -363,6 +480,8 @@ class Limiter:
                     self._queues.move_to_end(front)
             else:
                 queue.append(ticket)
+        if narrowed:
+            pool("sample-submit").widen(self, width)
         self.pump()
 
     def claim(self, ticket: Ticket) -> bool:
@@ -456,8 +575,7 @@ class Limiter:
 
     def _admit_locked(self, now: float, sample_bytes: ByteBudget) -> None:
         queues = self._queues
-        if self.send_width is None:
-            self.send_width = pool("sample-submit").max_workers
+        send_width = self.send_width
         while queues:
             owner, queue = next(iter(queues.items()))
             if not queue:
@@ -471,7 +589,7 @@ class Limiter:
             if stop is None:
                 recent = now < self.backoff_until + RECENT_BACKOFF_S
                 if (
-                    self._active + self._parked >= self.send_width
+                    self._active + self._parked >= send_width
                     or self._count <= 0
                     or (recent and self._backed_off_count <= 0)
                     or sample_bytes.remaining < 0

@@ -30,6 +30,8 @@ role               size   what runs there
                           runs one ``asample`` at a time per worker; a sample waiting for
                           a gate or the backoff deadline is parked in its limiter and holds
                           no thread. Timer jobs (retries, backoff ends) land here too.
+                          Widened up to 64 while exchanges are slow and samples queue
+                          (:meth:`DaemonPool.widen`, docs/limiter.md#send-width).
 ``sample-poll``    400    per-future long polls of samples (poller off); with the session
                           futures poller on, only payload fetches, at most 10 per poller
                           (:class:`BoundedLane`), so pending samples hold no thread.
@@ -63,7 +65,7 @@ import heapq
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from tinker_sync._runtime.causes import signal_exception
@@ -110,6 +112,9 @@ class DaemonPool:
         self._counter = 0
         self._peak = 0
         self._retiring = _retire_when_idle
+        #: requester -> the width it asked for (:meth:`widen`); the pool grows to the largest.
+        self._widths: dict[Hashable, int] = {}
+        self._limit = max_workers
 
     @property
     def threads(self) -> int:
@@ -135,26 +140,53 @@ class DaemonPool:
                 if self._idle:
                     self._wakeup.notify()
                 return
-            if self._threads < self.max_workers:
-                self._counter += 1
-                name = f"tinker_sync-{self.role}-{self._counter}"
-                worker = threading.Thread(target=self._work, name=name, daemon=True)
-                self._threads += 1  # no call between counting it and the try below
-                try:
-                    worker.start()
-                except BaseException as exc:
-                    # A signal handler's exception (the caller may be the main thread) can
-                    # stop start() before the thread runs: then do not count it. One landing
-                    # in start()'s wait makes threading's cleanup raise RuntimeError over it.
-                    if worker.ident is None:
-                        self._threads -= 1
-                    raised = signal_exception(exc)
-                    if raised is not None and raised is not exc:
-                        raise raised  # noqa: B904 (the caller's own, unchanged)
-                    raise
-                self._peak = max(self._peak, self._threads)
+            if self._threads < self._limit:
+                self._start_worker_locked()
             else:
                 self._wakeup.notify()
+
+    def _start_worker_locked(self) -> None:
+        self._counter += 1
+        name = f"tinker_sync-{self.role}-{self._counter}"
+        worker = threading.Thread(target=self._work, name=name, daemon=True)
+        self._threads += 1  # no call between counting it and the try below
+        try:
+            worker.start()
+        except BaseException as exc:
+            # A signal handler's exception (the caller may be the main thread) can
+            # stop start() before the thread runs: then do not count it. One landing
+            # in start()'s wait makes threading's cleanup raise RuntimeError over it.
+            if worker.ident is None:
+                self._threads -= 1
+            raised = signal_exception(exc)
+            if raised is not None and raised is not exc:
+                raise raised  # noqa: B904 (the caller's own, unchanged)
+            raise
+        self._peak = max(self._peak, self._threads)
+
+    @property
+    def width(self) -> int:
+        """The most workers the pool may run now: ``max_workers``, or more while widened."""
+        return self._limit
+
+    def widen(self, requester: Hashable, width: int) -> None:
+        """Let the pool grow to ``width`` workers while ``requester`` asks for it.
+
+        Usage: ``pool("sample-submit").widen(limiter, 24)``; ``widen(limiter, 0)`` withdraws.
+        The pool runs up to the largest width asked for, never fewer than ``max_workers``;
+        threads started beyond that exit when idle, like any worker. Queued jobs get workers
+        at once.
+        """
+        with self._lock:
+            if width > self.max_workers:
+                self._widths[requester] = width
+            else:
+                self._widths.pop(requester, None)
+            self._limit = max(self.max_workers, *self._widths.values(), 0)
+            need = len(self._jobs) - self._idle - self._finishing
+            while need > 0 and self._threads < self._limit:
+                self._start_worker_locked()
+                need -= 1
 
     def finishing(self) -> None:
         """Called by a job on one of this pool's workers that is about to return: from now on

@@ -296,9 +296,15 @@ class SampleJob:
             # The server answers a repeated seq_id with the same future: a slow send may be
             # hedged (a second copy on a lossy network).
             transport = session.transport
-            reply = send_with_retries(
-                transport, self.spec, max_retries=0, send=session.hedged_send(transport)
-            )
+            sent_at, in_flight = clock.monotonic(), limiter.in_flight()
+            try:
+                reply = send_with_retries(
+                    transport, self.spec, max_retries=0, send=session.hedged_send(transport)
+                )
+            except APIStatusError:  # an answer: its time counts (docs/limiter.md#send-width)
+                limiter.record_send(clock.monotonic() - sent_at, in_flight)
+                raise
+            limiter.record_send(clock.monotonic() - sent_at, in_flight)
             accepted = reply.parse(UntypedAPIFuture)
         except APIStatusError as exc:
             if exc.status_code == 429 or (
