@@ -31,6 +31,37 @@ def fresh_sizes() -> Iterator[None]:
     executor._sizes.update(saved)
 
 
+def test_a_widened_pool_starts_workers_for_queued_jobs_and_takes_the_largest_width():
+    """``widen`` lets the pool grow past ``max_workers`` to the largest width asked for,
+    starting workers for jobs already queued; withdrawing returns to ``max_workers``
+    (docs/limiter.md#send-width)."""
+    p = DaemonPool("test-widen", 2)
+    gate = threading.Event()
+    started = threading.Semaphore(0)
+
+    def blocker() -> None:
+        started.release()
+        gate.wait(HANG)
+
+    try:
+        for _ in range(6):
+            p.submit(blocker)
+        for _ in range(2):
+            assert started.acquire(timeout=HANG)
+        assert p.threads == 2 and p.width == 2  # four jobs queued behind two workers
+        p.widen("a", 5)
+        p.widen("b", 4)
+        assert p.width == 5 and p.threads == 5  # three started at once for the queued jobs
+        for _ in range(3):
+            assert started.acquire(timeout=HANG)
+        p.widen("a", 0)
+        assert p.width == 4
+        p.widen("b", 1)  # at or below max_workers: withdrawn
+        assert p.width == 2 and p.peak_threads == 5
+    finally:
+        gate.set()
+
+
 def test_pool_grows_lazily_to_its_cap_and_queues_fifo():
     """Workers start on demand up to max_workers; overflow runs in FIFO order
     (docs/design/behavior.md#thread-inventory)."""
