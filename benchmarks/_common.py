@@ -84,6 +84,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "lossy": {**_LOSSY, "samples": 1000, "reps": 5},
         "download": {"size_mb": 200, "cuts": 5, "reps": 5},
         "gil": {**_GIL, "n": 500, "warmup": 100, "solo_s": 1.0, "reps": 5},
+        "slow": {"n": 300, "delay_s": 0.1, "reps": 5},
     },
     "quick": {
         "sample": {"n": 500, "prompt": 64, "max_tokens": 16, "warmup": 100, "reps": 3},
@@ -106,6 +107,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "lossy": {**_LOSSY, "samples": 300, "reps": 5},  # seeds 11-15: the goal is per seed
         "download": {"size_mb": 200, "cuts": 5, "reps": 3},
         "gil": {**_GIL, "n": 500, "warmup": 100, "solo_s": 1.0, "reps": 3},
+        "slow": {"n": 300, "delay_s": 0.1, "reps": 3},
     },
     "smoke": {
         "sample": {"n": 20, "prompt": 64, "max_tokens": 16, "warmup": 0, "reps": 1},
@@ -128,6 +130,7 @@ SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "lossy": {**_LOSSY, "threads": 1, "steps": 2, "samples": 8, "sample_threads": 4, "reps": 1},
         "download": {"size_mb": 2, "cuts": 5, "reps": 1},
         "gil": {**_GIL, "n": 20, "warmup": 0, "solo_s": 0.1, "reps": 1},
+        "slow": {"n": 20, "delay_s": 0.1, "reps": 1},
     },
 }
 # P1T / P7T: the P1 and P7 workloads over HTTPS (the same sizes).

@@ -411,6 +411,33 @@ class SdkBench:
             "peak_rss_mb": peak_rss_mb(),
         }
 
+    # -- P14 -------------------------------------------------------------------------------------
+
+    def bench_slow(self) -> dict[str, Any]:
+        """``n`` samples submitted at once while the server answers every ``asample`` after
+        ``delay_s`` (a distant server: each submission is one round trip). tinker_sync is told
+        to treat the loopback server as distant (``TINKER_SYNC_LOOPBACK_WIDENS=1``,
+        docs/limiter.md#send-width); the official SDK ignores it."""
+        size = self.size
+        n, delay = int(size["n"]), float(size["delay_s"])
+        os.environ["TINKER_SYNC_LOOPBACK_WIDENS"] = "1"
+        admin = Admin(self.args.url, self.args.api_key)
+        sampler = self._sampler()
+        prompt, params = self._prompt(16), self._params(4)
+        self._check_sample(sampler.sample(prompt, 1, params).result(), 4)
+        samples_per_s: list[float] = []
+        admin.add_faults([f"asample delay={delay} x*"])
+        try:
+            with self.profiler.section():
+                for _ in range(int(size["reps"])):
+                    t0 = time.perf_counter()
+                    for f in self._sample_many(sampler, prompt, params, n):
+                        self._check_sample(f.result(), 4)
+                    samples_per_s.append(n / (time.perf_counter() - t0))
+        finally:
+            admin.clear_faults()
+        return {"samples_per_s": samples_per_s}
+
     # -- P12 -------------------------------------------------------------------------------------
 
     def bench_gil(self) -> dict[str, Any]:
@@ -525,6 +552,7 @@ BENCHES = (
     "latency_tls",
     "busy",
     "gil",
+    "slow",
 )
 
 

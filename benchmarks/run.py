@@ -58,6 +58,9 @@ P12 samples/s, 500 samples submitted at once while the main       ratio >= 3.0
     thread runs a pure-Python loop until the last is done
 P12-LOOP that loop's speed, % of the same loop alone (run just    ours >= 80 %
     before and after each window in the same worker process)
+P14 samples/s, 300 samples at once, every ``asample`` answered   ours >= official
+    after 100 ms (a distant server; tinker_sync with
+    ``TINKER_SYNC_LOOPBACK_WIDENS=1``, docs/limiter.md#send-width)
 ==  ==========================================================  ==================================
 
 Plus peak RSS of the P1 and P6 workers (no goal). Output: a table on stdout and JSON (``--out``,
@@ -129,11 +132,12 @@ BENCH_WORKERS: dict[str, tuple[str, ...]] = {
     "download": ("download",),
     "busy": ("ours", "official"),  # P9
     "gil": ("ours", "official"),  # P12
+    "slow": ("ours", "official"),  # P14
 }
 #: Benches whose rows are ratios of wall times: their repetitions run in rounds, one worker
 #: process per SDK per round (ours, official, raw, ours, ...), so a slow spell of a shared
 #: machine hits every column alike instead of whichever worker happened to run during it.
-INTERLEAVED = frozenset({"sample", "train", "latency", "sample_tls", "latency_tls", "gil"})
+INTERLEAVED = frozenset({"sample", "train", "latency", "sample_tls", "latency_tls", "gil", "slow"})
 #: Benches served by the HTTPS server (P1T, P7T).
 TLS_BENCHES = frozenset({"sample_tls", "latency_tls"})
 #: Seconds a worker may run before it is killed, per mode.
@@ -585,6 +589,16 @@ ROWS: tuple[Row, ...] = (
             ("official_solo_after_over_before", "official", "solo_after_over_before", 1.0),
         ),
     ),
+    # P14: sampling from a distant server (each submission one 100 ms round trip).
+    Row(
+        "P14",
+        "samples/s with 100 ms per submission exchange, 300 samples at once",
+        "samples/s",
+        "slow",
+        (("ours", "ours", "samples_per_s"), ("official", "official", "samples_per_s")),
+        "ours >= official",
+        judge=lambda m, r, s: _ge(r, 1.0),
+    ),
     Row(
         "P1-RSS",
         "peak RSS of the P1 worker",
@@ -715,6 +729,7 @@ def _needed_benches(rows: list[Row]) -> list[str]:
         "busy",
         "download",
         "gil",
+        "slow",
     ]
     wanted = {row.bench for row in rows}
     return [b for b in order if b in wanted]

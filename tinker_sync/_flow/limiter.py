@@ -91,17 +91,15 @@ BUSY_CPU_SHARE = 0.75
 LOOPBACK_WIDENS_ENV = "TINKER_SYNC_LOOPBACK_WIDENS"
 
 
-def _may_widen(normalized_base_url: str) -> bool:
-    """False for a loopback server unless LOOPBACK_WIDENS_ENV is set to 1."""
-    if os.environ.get(LOOPBACK_WIDENS_ENV, "").strip() == "1":
-        return True
+def _is_loopback(normalized_base_url: str) -> bool:
+    """True for a server on this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
     host = urllib.parse.urlsplit(normalized_base_url).hostname or ""
     if host == "localhost" or host.endswith(".localhost"):
-        return False
+        return True
     try:
-        return not ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return True  # a name: not known to be this machine
+        return False  # a name: not known to be this machine
 
 
 class Stopped(Exception):
@@ -238,7 +236,7 @@ class Limiter:
             maxlen=SEND_LATENCY_WINDOW
         )
         self._latency_at = float("-inf")  # when the last exchange was recorded
-        self._may_widen = _may_widen(key[0])
+        self._loopback = _is_loopback(key[0])
         self._active = 0  # claims whose send step has not returned (sender_done)
         self._users = 0  # started sessions using this limiter
         self._bad_shared_logged = False
@@ -322,7 +320,9 @@ class Limiter:
         """
         if self._base_width is None:
             self._base_width = pool("sample-submit").max_workers
-        if in_flight > self._base_width or not self._may_widen:
+        if in_flight > self._base_width:
+            return
+        if self._loopback and os.environ.get(LOOPBACK_WIDENS_ENV, "").strip() != "1":
             return
         cpu = time.process_time()
         with self._lock:
