@@ -205,6 +205,8 @@ SAMPLE_FAULTS = [
     "retrieve_future 503 x2", "retrieve_future 429 x2 retry_after=2", "retrieve_future expire",
     "retrieve_future metadata", "retrieve_future drop-before", "retrieve_future drop-after",
     "create_sampling_session 503",
+    # a shorter backoff while the shared record still holds this process's longer one
+    "asample 429 retry_after=30 + asample 429 retry_after=1",
 ]
 TRAIN_FAULTS = [
     "forward_backward 429 x2", "forward_backward 503 x2", "forward_backward drop-before",
@@ -216,14 +218,20 @@ TRAIN_FAULTS = [
 ]
 
 
+# Virtual time is the sum of the backoffs asked for (31 s at most here): it never runs on
+# while a request waits for something real.
+MAX_VIRTUAL_S = 120.0
+
+
 @pytest.mark.tinker_server(backend="tiny")
 @pytest.mark.parametrize("fault", SAMPLE_FAULTS)
 def test_sample(fault, tinker_faults, tinker_service_client, tinker_sleeps):
-    tinker_faults.add(fault)
+    tinker_faults.extend(fault.split(" + "))
     sampler = tinker_service_client.create_sampling_client(base_model="tinker-sync/tiny")
     result = sampler.sample(PROMPT, 2, types.SamplingParams(max_tokens=3)).result(timeout=60)
     assert len(result.sequences) == 2
     tinker_faults.assert_exhausted()
+    assert tinker_sleeps.total < MAX_VIRTUAL_S, tinker_sleeps
 
 
 @pytest.mark.tinker_server(backend="tiny")
@@ -234,6 +242,7 @@ def test_train(fault, tinker_faults, tinker_service_client, tinker_sleeps):
     training.forward_backward([DATUM], "cross_entropy").result(timeout=60)
     training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
     tinker_faults.assert_exhausted()
+    assert tinker_sleeps.total < MAX_VIRTUAL_S, tinker_sleeps
 
 
 @pytest.mark.tinker_server(backend="tiny")
@@ -249,11 +258,27 @@ def test_failures_are_raised(endpoint, tinker_faults, tinker_service_client, tin
 def test_every_fault_kind_works_under_tinker_sleeps(pytester: pytest.Pytester) -> None:
     # A 429 on a sample used to extend its own backoff deadline on every timer pass (the
     # wall-clock copy shared with other processes did not move with the virtual clock), until
-    # the stall deadline failed the sample with SamplingStuckError within a second.
+    # the stall deadline failed the sample with SamplingStuckError within a second. Then a
+    # shorter second backoff re-read the first, still in the shared record, on every pass.
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_faults=FAULT_KINDS)
     result = pytester.runpytest_subprocess("--strict-markers", "-p", "no:cacheprovider", "-q")
-    result.assert_outcomes(passed=30)
+    result.assert_outcomes(passed=31)
+
+
+def test_fault_kinds_on_the_urllib3_path_under_tinker_sleeps(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The urllib3 path's deadline watch waited for each attempt's real deadline on the
+    # replaced default clock: every wait returned at once, adding the time left to virtual
+    # time, so virtual time ran on for as long as a request was out (SamplingStuckError).
+    monkeypatch.setenv("TINKER_SYNC_TRANSPORT", "urllib3")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_faults=FAULT_KINDS)
+    result = pytester.runpytest_subprocess(
+        "--strict-markers", "-p", "no:cacheprovider", "-q", "-k", "429 or drop"
+    )
+    result.assert_outcomes(passed=15, deselected=16)
 
 
 # -- VirtualSleepClock ------------------------------------------------------------------------

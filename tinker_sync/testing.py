@@ -42,6 +42,13 @@ the remaining time to the deadline); the pauses between polls of a pending resul
 deadline (``RetryConfig.progress_timeout``) both run on the virtual clock, so every fault kind
 of the local server works under ``tinker_sleeps``.
 
+Which waits are virtual: only those the clock alone ends (backoff and retry sleeps, poll
+pauses, the SDK's timer waiting for a backoff deadline). Waits that real time or real work
+ends stay real: an HTTP exchange and its attempt deadline, a hedge's delay (measured from real
+latencies), the background loops. A backoff published by another of your processes (a
+wall-clock record) is honoured once, as one virtual wait. So virtual time is the sum of the
+delays the SDK asked for and never runs on while a request waits for something real.
+
 Fixtures (function scope): ``tinker_server`` (a started ``LocalServer``, ``instant`` backend
 unless the ``tinker_server`` marker says otherwise; its URL and key are patched into the
 environment), ``tinker_server_factory`` (``(**LocalServer kwargs) -> LocalServer``, all stopped
@@ -64,7 +71,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 
-from tinker_sync._runtime.clock import SYSTEM_CLOCK, FakeClock, SystemClock, Waitable
+from tinker_sync._runtime.clock import REAL_CLOCK, SYSTEM_CLOCK, FakeClock, Waitable
 
 if TYPE_CHECKING:
     from tinker_sync.local import FaultPlan, LocalServer
@@ -85,7 +92,6 @@ _MARKER_HELP = (
     "tinker_server(backend='instant', faults=None, client_config=None, **LocalServer kwargs): "
     "configure the tinker_server fixture (tinker_sync.testing)"
 )
-_REAL_CLOCK = SystemClock()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -139,7 +145,8 @@ class VirtualSleepClock:
     * ``sleep(seconds, reason)`` records a :class:`Sleep` and advances virtual time.
     * Timed waits on a ``threading.Condition`` (the shared sampling backoff) are virtual too:
       recorded with reason ``"backoff-wait"``; waits on an ``Event`` (heartbeat and timer
-      loops) and untimed waits stay real, so background loops do not spin.
+      loops) and untimed waits stay real, so background loops do not spin. Waits for a
+      real-time deadline never reach this clock (the SDK makes them on real time).
     * ``monotonic()`` is real monotonic time plus the virtual time slept; ``time()`` is the
       real wall clock (HTTP-date ``Retry-After`` values stay exact).
     * ``random()`` is the jitter source: ``0.0`` by default, which makes every HTTP backoff
@@ -167,7 +174,7 @@ class VirtualSleepClock:
 
     def wait(self, cond: Waitable, timeout: float | None) -> bool:
         if timeout is None or isinstance(cond, threading.Event):
-            return _REAL_CLOCK.wait(cond, timeout)
+            return REAL_CLOCK.wait(cond, timeout)
         if cond.wait(0):
             return True
         self._fake.sleep(max(float(timeout), 0.0), "backoff-wait")

@@ -255,3 +255,34 @@ def test_a_first_copy_that_answers_while_a_copy_is_out_counts_as_a_latency() -> 
     got = hedger.run("k", send, abort=hedge.abort, read_timeout=HANG, cold_delay=MIN_DELAY_S)
     assert got.content == b"first" and hedger.sent == 1
     assert hedger.delay("k") == MIN_DELAY_S  # the MIN_SAMPLES-th latency: the kind is known
+
+
+def test_the_delay_is_real_time_while_a_test_clock_stands_in_for_the_default_one() -> None:
+    # tinker_sync.testing's tinker_sleeps replaces the default clock; the hedge's delay was
+    # waited on it, so every hedge left at once (and the wait moved virtual time on).
+    from tinker_sync._runtime.clock import SYSTEM_CLOCK
+    from tinker_sync.testing import VirtualSleepClock
+
+    clock = VirtualSleepClock()
+    names = ("monotonic", "time", "sleep", "wait", "random")
+    for name in names:
+        setattr(SYSTEM_CLOCK, name, getattr(clock, name))
+    try:
+        hedger = warmed(latency=10.0)  # delay 30 s of real time
+        hedge_out = threading.Event()
+        calls = []
+
+        def send() -> Reply:
+            calls.append(1)
+            if len(calls) > 1:
+                hedge_out.set()
+                return reply(200, b"hedge")
+            hedge_out.wait(0.5)  # a hedge due in 30 s does not come within half a second
+            return reply(200, b"first")
+
+        got = hedger.run("k", send, abort=lambda ident: None, read_timeout=HANG)
+    finally:
+        for name in names:
+            delattr(SYSTEM_CLOCK, name)
+    assert got.content == b"first" and not hedge_out.is_set()
+    assert hedger.sent == 0 and clock.sleeps == []

@@ -67,6 +67,37 @@ def test_the_shared_deadline_only_moves_forward():
     assert b.backoff_remaining() == pytest.approx(5.0)
 
 
+def virtual_wait(clock: FakeClock, seconds: float) -> None:
+    """What tinker_sync.testing's virtual clock does: monotonic time moves, wall time not."""
+    wall = clock.time()
+    clock.advance(seconds)
+    clock.set_wall(wall)
+
+
+def test_a_record_from_another_process_is_honoured_once():
+    # Read back after a virtual wait, the record still lies ahead on the real wall clock:
+    # adopting it again moved the deadline on with every timer pass (SamplingStuckError).
+    clock_a, clock_b = FakeClock(), FakeClock()
+    a, b = two_processes(clock_a, clock_b)
+    a.set_backoff(5.0, "429")
+    assert b.backoff_remaining() == pytest.approx(5.0)
+    virtual_wait(clock_b, 5.0)
+    assert b.backoff_remaining() == 0.0
+    a.set_backoff(8.0, "429")  # a new record is a new backoff
+    assert b.backoff_remaining() == pytest.approx(8.0)
+
+
+def test_a_shorter_backoff_does_not_readopt_the_longer_record_of_the_same_process():
+    clock = FakeClock()
+    a, b = two_processes(clock, FakeClock())
+    a.set_backoff(30.0, "429")
+    virtual_wait(clock, 30.0)
+    a.set_backoff(1.0, "429")  # the file keeps the 30 s record: ours, already honoured
+    assert a.shared is not None and a.shared.read() == pytest.approx(clock.time() + 30.0)
+    assert a.backoff_remaining() == pytest.approx(1.0)
+    assert b.backoff_remaining() == pytest.approx(30.0)  # another process still honours it
+
+
 def test_the_file_is_named_by_a_hash_and_never_holds_the_key():
     key = "tml-secret-key-value"
     name = tenant_file_name(URL, key)

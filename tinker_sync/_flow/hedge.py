@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 
 from tinker_sync._runtime.causes import signal_exception
-from tinker_sync._runtime.clock import SYSTEM_CLOCK
+from tinker_sync._runtime.clock import REAL_CLOCK
 from tinker_sync._runtime.executor import call_later
 from tinker_sync._runtime.fork import make_lock
 from tinker_sync._transport import Reply
@@ -186,7 +186,8 @@ class Hedger:
         number: int,
     ) -> None:
         wait = race.delay * 2.0**number
-        call_later(SYSTEM_CLOCK, wait, "hedge", self._hedge, race, send, abort, caller, number)
+        # Real time: the wait comes from real latencies and races a real send.
+        call_later(REAL_CLOCK, wait, "hedge", self._hedge, race, send, abort, caller, number)
 
     def _hedge(
         self,

@@ -240,10 +240,11 @@ class Limiter:
         self._active = 0  # claims whose send step has not returned (sender_done)
         self._users = 0  # started sessions using this limiter
         self._bad_shared_logged = False
-        #: The wall deadline this limiter last published: read back, it is ours, not another
-        #: process's (compared by value, so a clock whose wall and monotonic readings drift
-        #: apart, such as tinker_sync.testing's virtual clock, cannot extend it).
-        self._own_wall: float | None = None
+        #: The shared record this limiter last published or adopted, compared by value: each
+        #: record is honoured once. Read back, it moves nothing, so a clock whose wall and
+        #: monotonic readings drift apart (tinker_sync.testing's virtual clock) never turns one
+        #: record into a deadline that moves on with every timer pass.
+        self._honoured_wall: float | None = None
 
     # ---------------------------------------------------------------- sizing
 
@@ -372,16 +373,22 @@ class Limiter:
         with self._lock:
             until = now + seconds
             moved = until > self.backoff_until
+            previous = self._honoured_wall
             if moved:
                 self.backoff_until = until
-                self._own_wall = wall
+                self._honoured_wall = wall  # before publishing: a pump may read it back
             result = self.backoff_until
         shared = self._shared_file() if moved else None
         if shared is not None:
             try:
-                shared.publish(wall)
+                published = shared.publish(wall)
             except (OSError, ValueError) as exc:  # e.g. the file vanished: per process now
                 log.debug("could not publish the sampling backoff: %s", exc)
+            else:
+                if published != wall:  # the record keeps a later deadline: ours or to adopt
+                    with self._lock:
+                        if self._honoured_wall == wall:
+                            self._honoured_wall = previous
         if moved:
             log.info("sampling backoff for %.3f s (%s)", seconds, cause)
             from tinker_sync._transport import emit_hook
@@ -406,8 +413,8 @@ class Limiter:
         if shared is None:
             return
         wall = shared.read()
-        if wall is None or wall == self._own_wall:
-            return
+        if wall is None or wall == self._honoured_wall:
+            return  # nothing published, or a record already honoured (ours or adopted)
         remaining = wall - self.clock.time()
         if remaining <= 0:
             return  # stale: already over
@@ -416,6 +423,7 @@ class Limiter:
                 self._bad_shared_logged = True
                 log.debug("ignoring an implausible shared backoff deadline in %s", shared.path)
             return
+        self._honoured_wall = wall
         until = now + remaining
         if until > self.backoff_until + 1e-3:  # our own publication reads back equal
             self.backoff_until = until

@@ -2,9 +2,9 @@
 
 Usage::
 
-    from tinker_sync._runtime.clock import SYSTEM_CLOCK, FakeClock, exiting
+    from tinker_sync._runtime.clock import REAL_CLOCK, SYSTEM_CLOCK, FakeClock, exiting
 
-    clock = SYSTEM_CLOCK
+    clock = SYSTEM_CLOCK                             # REAL_CLOCK: a deadline in real time
     clock.sleep(0.5, reason="http-retry")          # returns early at interpreter exit
     with cond:
         while not ready and not exiting():
@@ -40,6 +40,7 @@ from tinker_sync._runtime.fork import make_lock, register_after_fork
 
 __all__ = [
     "EXIT_EVENT",
+    "REAL_CLOCK",
     "SYSTEM_CLOCK",
     "Clock",
     "FakeClock",
@@ -197,6 +198,13 @@ class SystemClock:
 
 SYSTEM_CLOCK: Clock = SystemClock()
 """The default clock of every SDK component."""
+
+REAL_CLOCK: Clock = SystemClock()
+"""Real time, for waits that real time or real work ends (an attempt's socket deadline, a
+hedge's delay measured from real latencies). A test's virtual clock stands in for
+:data:`SYSTEM_CLOCK`, never for this one: such a wait made virtual would return at once while
+its deadline, still real, has not passed, and its loop would spin the virtual clock forward
+(docs/design/local-server.md#pytest-plugin)."""
 
 
 class FakeClock:

@@ -23,7 +23,7 @@ from typing import Any
 import urllib3.exceptions
 from urllib3.connectionpool import HTTPConnectionPool
 
-from tinker_sync._runtime.clock import SYSTEM_CLOCK
+from tinker_sync._runtime.clock import REAL_CLOCK
 from tinker_sync._runtime.fork import make_condition, make_lock, register_after_fork
 
 
@@ -246,19 +246,20 @@ class DeadlineWatch:
                 heapq.heapify(self._heap)
 
     def _run(self) -> None:
+        # Real waits (REAL_CLOCK): the deadlines are time.monotonic() values, ended by real time.
         with self._cond:
             while True:
                 while self._heap and not self._heap[0].active:
                     heapq.heappop(self._heap)
                 if not self._heap:
-                    if not SYSTEM_CLOCK.wait(self._cond, self.IDLE_EXIT_S) and not self._heap:
+                    if not REAL_CLOCK.wait(self._cond, self.IDLE_EXIT_S) and not self._heap:
                         self._running = False
                         return
                     continue
                 first = self._heap[0]
                 delay = first.deadline - time.monotonic()
                 if delay > 0:
-                    SYSTEM_CLOCK.wait(self._cond, delay)
+                    REAL_CLOCK.wait(self._cond, delay)
                     continue
                 heapq.heappop(self._heap)
                 first.active = False
