@@ -23,9 +23,9 @@ the process that created it; in a forked child ``reserve`` raises ForkedProcessE
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
+import queue
 import threading
 from collections.abc import Callable
 
@@ -49,10 +49,14 @@ class Sequencer:
     def __init__(self, name: str, *, first_seq_id: int = 1) -> None:
         self.name = name
         self._lock = threading.Lock()
-        self._ready = threading.Condition(self._lock)
         self._next_seq_id = first_seq_id
-        self._queue: collections.deque[tuple[list[int], Job, Abandon | None]] = collections.deque()
+        # None tells the sender to exit (close). A SimpleQueue's put queues and wakes the
+        # waiting sender in one C call: there is no separate notify() to be cut short.
+        self._jobs: queue.SimpleQueue[tuple[list[int], Job, Abandon | None] | None] = (
+            queue.SimpleQueue()
+        )
         self._thread: threading.Thread | None = None
+        self._live = False  # self._thread runs or will run _run (see _start_sender)
         self._closed = False
         self._pid = os.getpid()
 
@@ -80,47 +84,41 @@ class Sequencer:
         with self._lock:
             if self._closed:
                 raise ClientClosedError(f"training client {self.name} is closed")
+            if not self._live:
+                self._start_sender()  # before the ids: cut short, it has taken nothing
             first = self._next_seq_id
             ids = list(range(first, first + n))
-            # Taking the ids and queueing the job have no call between them, and the append is
-            # the last call: an exception a signal handler raises on this thread (checked only
-            # after calls) finds both done or neither, never a seq_id gap the server waits on.
+            # One step (docs/sequencer.md#signals): no call between taking the ids and the
+            # put, and the put (C code) queues the job and wakes the sender at once. An
+            # exception a signal handler raises on this thread (checked only after calls)
+            # finds both done or neither: never a seq_id taken and left for the next call.
             self._next_seq_id = first + n
-            self._queue.append((ids, job, on_abandon))
-            if self._thread is None:
-                sender = threading.Thread(
-                    target=self._run, name=f"tinker_sync-sender-{self.name}", daemon=True
-                )
-                self._thread = sender
-                try:
-                    sender.start()
-                except BaseException as exc:
-                    # Stopped by a signal handler before the thread ran: the next reserve
-                    # starts one (a late starter sees it is not the sender and returns).
-                    if sender.ident is None:
-                        self._thread = None
-                    raised = signal_exception(exc)  # as in DaemonPool.submit
-                    if raised is not None and raised is not exc:
-                        raise raised  # noqa: B904 (the caller's own, unchanged)
-                    raise
-            else:
-                self._ready.notify()
+            self._jobs.put((ids, job, on_abandon))
         return ids
 
     def close(self, exc: BaseException | None = None) -> None:
         """Stop accepting jobs; jobs not yet started are abandoned with ``exc``."""
+        abandoned: list[tuple[list[int], Job, Abandon | None]] = []
         with self._lock:
             self._closed = True
-            abandoned = list(self._queue)
-            self._queue.clear()
-            self._ready.notify_all()
+            while True:
+                try:
+                    item = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    abandoned.append(item)
+            self._jobs.put(None)  # the sender exits after the job it runs
         error = exc or ClientClosedError(f"training client {self.name} was closed")
         for _ids, _job, on_abandon in abandoned:
             if on_abandon is not None:
-                try:
-                    on_abandon(error)
-                except Exception:
-                    log.exception("error abandoning a queued job of %s", self.name)
+                self._abandon(on_abandon, error)
+
+    def _abandon(self, on_abandon: Abandon, error: BaseException) -> None:
+        try:
+            on_abandon(error)
+        except Exception:
+            log.exception("error abandoning a queued job of %s", self.name)
 
     def join(self, timeout: float) -> None:
         """After close(): wait up to ``timeout`` s for the sender to finish its job and exit."""
@@ -129,16 +127,42 @@ class Sequencer:
         if thread is not None and mine and thread is not threading.current_thread():
             thread.join(timeout)
 
+    def _start_sender(self) -> None:
+        # Called with self._lock held, before any id is taken. A signal handler's exception
+        # inside start() can leave a thread that never runs _run (one landing right after the
+        # OS thread started makes threading forget it, and it dies in its bootstrap), so a
+        # sender counts as live only once start() returned or it entered _run; until then each
+        # reserve starts a new one, and a replaced one returns at its first check.
+        sender = threading.Thread(
+            target=self._run, name=f"tinker_sync-sender-{self.name}", daemon=True
+        )
+        self._thread = sender
+        try:
+            sender.start()
+        except BaseException as exc:
+            raised = signal_exception(exc)  # as in DaemonPool.submit
+            if raised is not None and raised is not exc:
+                raise raised  # noqa: B904 (the caller's own, unchanged)
+            raise
+        self._live = True
+
     def _run(self) -> None:
+        with self._lock:
+            if self._thread is not threading.current_thread():
+                return  # its start() was cut by a signal handler and another took over
+            self._live = True
         while True:
-            with self._lock:
-                if self._thread is not threading.current_thread():
-                    return  # its start() was cut by a signal handler and another took over
-                while not self._queue and not self._closed:
-                    self._ready.wait()
-                if not self._queue:
-                    return
-                ids, job, _ = self._queue.popleft()
+            item = self._jobs.get()
+            if item is None:
+                return
+            ids, job, on_abandon = item
+            if self._closed:
+                # Left behind by a close() cut short on its thread: abandoned, never sent.
+                if on_abandon is not None:
+                    self._abandon(
+                        on_abandon, ClientClosedError(f"training client {self.name} was closed")
+                    )
+                continue
             try:
                 job(ids)
             except BaseException:
