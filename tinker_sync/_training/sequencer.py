@@ -4,7 +4,7 @@ Usage (inside TrainingClient)::
 
     seq_ids = sequencer.reserve(n_chunks, job)   # caller's thread, under the client's lock
 
-``reserve`` takes the next ``n`` seq_ids and appends ``job`` to a FIFO in one critical section, so
+``reserve`` takes the next ``n`` seq_ids and puts ``job`` on a FIFO in one critical section, so
 the order in which threads call a TrainingClient is the order its requests leave. One sender thread
 per client drains the FIFO and runs each job *inside its turn*: the job sends its chunks (with all
 their retries) and returns once every chunk is accepted or has failed for good; polling then runs
@@ -16,6 +16,9 @@ its own future and the next job takes the next ids
 Invariants the tests check (docs/sequencer.md): seq_ids start at 1, are contiguous across
 ops, are never reused; op n+1's first send starts after op n's last acceptance or failure; no
 pool worker ever waits for a turn (the sender is a dedicated thread).
+
+Signals: a ``reserve`` on the main thread cut short by a signal handler's exception either took
+nothing or has queued its job and woken the sender (docs/sequencer.md#signals).
 
 Thread safety: ``reserve`` may be called from any thread. Fork safety: a sequencer belongs to
 the process that created it; in a forked child ``reserve`` raises ForkedProcessError.
