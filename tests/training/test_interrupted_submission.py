@@ -140,3 +140,8 @@ def test_a_first_training_call_interrupted_while_starting_the_sender_leaves_no_g
         training.optim_step(types.AdamParams()).result(timeout=HANG)
         ids = applied_seq_ids(server, training.model_id)
         assert ids == list(range(seq.next_seq_id)), (point, ids)
+        # Cut the same way with no later call: close() still works (joins only a started sender).
+        idle = service.create_lora_training_client(model, rank=4)
+        interrupt_at(point, as_signal(lambda: idle.optim_step(types.AdamParams())), submission_code)  # noqa: B023
+        idle._sequencer.close()
+        idle._sequencer.join(HANG)

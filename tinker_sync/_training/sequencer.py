@@ -127,7 +127,9 @@ class Sequencer:
         """After close(): wait up to ``timeout`` s for the sender to finish its job and exit."""
         thread = self._thread
         mine = os.getpid() == self._pid
-        if thread is not None and mine and thread is not threading.current_thread():
+        if thread is None or not mine or thread is threading.current_thread():
+            return
+        if thread.is_alive():  # not a sender whose start() a signal handler cut short
             thread.join(timeout)
 
     def _start_sender(self) -> None:
