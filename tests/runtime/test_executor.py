@@ -201,6 +201,36 @@ def test_a_lane_submit_interrupted_at_any_signal_point_never_wedges_the_lane(fre
             wait_for(f"next{point}{lane.role}")
 
 
+def test_a_timer_call_interrupted_at_any_signal_point_never_leaves_the_timer_without_a_thread():
+    """A main-thread call_later cut short by a signal handler's exception (at any point where
+    one can land in the executor's code) may lose its own job, but the next call's job always
+    runs: the timer never counts a thread that never started (docs/limiter.md#signals)."""
+    from signal_points import interrupt_at
+
+    ran: list[str] = []
+    done = threading.Condition()
+
+    def job(name: str) -> None:
+        with done:
+            ran.append(name)
+            done.notify_all()
+
+    def where(code: object) -> bool:
+        return getattr(code, "co_filename", None) == executor.__file__
+
+    clock = SystemClock()
+    points = interrupt_at(
+        None, lambda: executor._Timer(clock).call_later(0, "test-timer", job, "count"), where
+    )
+    assert points > 5
+    for point in range(points):
+        timer = executor._Timer(clock)
+        interrupt_at(point, lambda: timer.call_later(0, "test-timer", job, f"cut{point}"), where)  # noqa: B023
+        timer.call_later(0, "test-timer", job, f"next{point}")
+        with done:
+            assert done.wait_for(lambda: f"next{point}" in ran, HANG), point  # noqa: B023
+
+
 def test_a_lane_that_empties_and_refills_never_grows_its_pool_past_its_limit():
     """Drains that find the queue empty free their worker before their slot: a drain started
     by the next submission takes that worker, so the pool's threads stay within the lane's

@@ -70,7 +70,12 @@ from typing import Any
 
 from tinker_sync._runtime.causes import signal_exception
 from tinker_sync._runtime.clock import Clock, exiting
-from tinker_sync._runtime.fork import fork_generation, make_lock, register_after_fork
+from tinker_sync._runtime.fork import (
+    fork_generation,
+    make_condition,
+    make_lock,
+    register_after_fork,
+)
 
 log = logging.getLogger("tinker_sync.executor")
 
@@ -348,7 +353,9 @@ class _Timer:
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self._cond = threading.Condition(threading.Lock())
+        # Its with statement takes the C lock directly: a signal handler's exception on the
+        # main thread cannot land between acquiring it and the body (docs/limiter.md#signals).
+        self._cond = make_condition()
         self._heap: list[tuple[float, int, str, Job]] = []
         self._seq = itertools.count()
         self._running = False
@@ -360,10 +367,18 @@ class _Timer:
             heapq.heappush(self._heap, (due, next(self._seq), role, (fn, args)))
             self._cond.notify()
             if not self._running:
-                self._running = True
-                threading.Thread(
+                thread = threading.Thread(
                     target=self._run, name=f"tinker_sync-timer-{next(_timer_names)}", daemon=True
-                ).start()
+                )
+                self._running = True  # no call between setting it and the try below
+                try:
+                    thread.start()
+                except BaseException:
+                    # A signal handler's exception (the caller may be the main thread) that
+                    # stops start() before the thread runs: the next call starts one.
+                    if thread.ident is None:
+                        self._running = False
+                    raise
 
     def retire_idle(self, retiring: bool = True) -> None:
         with self._cond:
