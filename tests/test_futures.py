@@ -263,3 +263,39 @@ def test_inlined_steps_chain_in_the_waiting_thread():
     assert in_a_thread(fut.result) == "two steps"
     assert seen == [("first", True), ("second", True)]
     assert not fut._waited_on_here()  # only while result() runs them
+
+
+def test_result_interrupted_at_any_signal_point_never_leaves_the_future_locked():
+    """A signal handler's exception raised inside ``result()`` (an alarm timeout on the main
+    thread), at any point where one can land in the waiting code, leaves the future's lock
+    free: the SDK thread that completes it later never blocks (docs/limiter.md#signals)."""
+    from signal_points import Interrupt, interrupt_at
+
+    codes = {
+        threading.Condition.__enter__.__code__,
+        threading.Condition.__exit__.__code__,
+        concurrent.futures.Future.result.__code__,
+    }
+
+    def where(code: object) -> bool:
+        return code in codes
+
+    def wait(fut: APIFuture[int]) -> None:
+        try:
+            fut.result(timeout=0.001)
+        except concurrent.futures.TimeoutError:
+            pass
+
+    points = interrupt_at(None, lambda: wait(APIFuture()), where)
+    assert points >= 3
+    for point in range(points):
+        fut: APIFuture[int] = APIFuture()
+        try:
+            interrupt_at(point, lambda: wait(fut), where)  # noqa: B023
+        except Interrupt:
+            pass
+        resolver = threading.Thread(target=fut._resolve, args=(point,), daemon=True)
+        resolver.start()
+        resolver.join(10.0)
+        assert not resolver.is_alive(), f"point {point}: the future's lock was left held"
+        assert fut.result(timeout=10.0) == point

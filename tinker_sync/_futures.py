@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tinker_sync._runtime.causes import signal_exception
 from tinker_sync._runtime.clock import register_exit_callback
-from tinker_sync._runtime.fork import register_after_fork
+from tinker_sync._runtime.fork import SignalSafeCondition, register_after_fork
 from tinker_sync.exceptions import ClientClosedError, ForkedProcessError, RequestOutcome
 
 if TYPE_CHECKING:
@@ -70,6 +70,9 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
         description: str = "",
     ) -> None:
         super().__init__()
+        # result() waits on it, maybe on the main thread: its with must not leak the lock when
+        # a signal handler raises right after acquiring (docs/limiter.md#signals).
+        self._condition = SignalSafeCondition()
         self._request_ids: tuple[str, ...] = ()
         self._on_cancel = on_cancel
         self._description = description
@@ -367,7 +370,7 @@ def _after_fork_in_child() -> None:
     for fut in list(_pending):
         # A parent thread may have held this future's lock at fork time (completing it, or
         # checking done()): give it a fresh one before anything touches it, done() included.
-        fut._condition = threading.Condition()
+        fut._condition = SignalSafeCondition()
         fut._waiters = []
         # The parent's callbacks may need locks held by parent threads: never run them here.
         fut._done_callbacks = []  # type: ignore[attr-defined]

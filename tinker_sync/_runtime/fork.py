@@ -52,6 +52,7 @@ __all__ = [
     "ForkGuard",
     "ForkSafeCondition",
     "ForkSafeLock",
+    "SignalSafeCondition",
     "current_pid",
     "fork_generation",
     "make_condition",
@@ -121,6 +122,28 @@ class ForkSafeLock:
 
     def __repr__(self) -> str:
         return f"<ForkSafeLock Lock locked={self.locked()}>"
+
+
+class SignalSafeCondition(threading.Condition):
+    """A ``threading.Condition`` whose ``with`` statement calls its lock's C methods directly.
+
+    ``threading.Condition``'s ``__enter__``/``__exit__`` are Python functions around the lock's:
+    a signal handler's exception (an alarm timeout on the main thread) could land between
+    acquiring and the body and leave the lock held. ``concurrent.futures.Future`` waits on
+    one in ``result()``; the SDK's futures use this one (docs/limiter.md#signals).
+    """
+
+    def __init__(self) -> None:
+        self._ss_lock = threading.RLock()  # what Condition() makes by default
+        super().__init__(self._ss_lock)
+
+    @property
+    def __enter__(self) -> Callable[[], bool]:
+        return self._ss_lock.__enter__
+
+    @property
+    def __exit__(self) -> _ExitMethod:  # noqa: PLE0302 (a property handing out the C method)
+        return self._ss_lock.__exit__
 
 
 class ForkSafeCondition(threading.Condition):
