@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KIB = 1024
 MIB = 1024 * 1024
 LEGACY_READ_S = hold.LEGACY_TIMEOUT.read or 0.0
+HEALTH = _config.HealthPolicy()
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,80 @@ FACTS: list[Fact] = [
     Fact(
         r"min\(([\d.]+) \* 2\^k, (\d+)\) s less up to",
         [retry.INITIAL_RETRY_DELAY, retry.MAX_RETRY_DELAY],
+    ),
+    # the tenant's circuit breaker, retry budget and backoff (docs/health.md): HealthPolicy
+    *[
+        Fact(rf"`{knob}` \((\d[\d.]*)(?: s)?\)", [getattr(HEALTH, knob)], where="health.md")
+        for knob in (
+            "retry_capacity",
+            "retry_cost",
+            "timeout_retry_cost",
+            "success_refund",
+            "same_error_repeats",
+            "summary_every_s",
+        )
+    ],
+    *[
+        Fact(rf"\b{knob} \((\d[\d.]*)(?: s)?\)", [getattr(HEALTH, knob)], where="health.md")
+        for knob in ("open_after", "open_after_distinct", "failure_window_s", "probe_lease_s")
+    ],
+    Fact(
+        r"\| (\d+) s / (\d+) / (\d+) \|",
+        [HEALTH.failure_window_s, HEALTH.open_after, HEALTH.open_after_distinct],
+        where="health.md",
+    ),
+    Fact(
+        r"\| ([\d.]+) s / (\d+) s / ([\d.]+) / (\d+) s \|",
+        [HEALTH.probe_initial_s, HEALTH.probe_max_s, HEALTH.probe_jitter, HEALTH.probe_lease_s],
+        where="health.md",
+    ),
+    Fact(
+        r"\| (\d+) / (\d+) / (\d+) / (\d+) \|",
+        [
+            HEALTH.retry_capacity,
+            HEALTH.retry_cost,
+            HEALTH.timeout_retry_cost,
+            HEALTH.success_refund,
+        ],
+        where="health.md",
+    ),
+    Fact(r"\| `same_error_repeats` \| (\d+) \|", [HEALTH.same_error_repeats], where="health.md"),
+    Fact(r"\| `summary_every_s` \| (\d+) s \|", [HEALTH.summary_every_s], where="health.md"),
+    Fact(r"\| `paused_polls_per_s` \| (\d+) \|", [HEALTH.paused_polls_per_s], where="health.md"),
+    Fact(
+        r"at most `paused_polls_per_s` \((\d+)\) a\s+second",
+        [HEALTH.paused_polls_per_s],
+        where="health.md",
+    ),
+    Fact(
+        r"until\s+`1 / paused_polls_per_s` \(([\d.]+) s\)",
+        [1 / HEALTH.paused_polls_per_s],
+        where="health.md",
+    ),
+    Fact(
+        r"min\(([\d.]+) s \* 2\^n, (\d+) s\) \*\s+\(1 - ([\d.]+) r\)",
+        [HEALTH.probe_initial_s, HEALTH.probe_max_s, HEALTH.probe_jitter],
+        where="health.md",
+    ),
+    Fact(
+        r"\| ([\d.]+) s / (\d+) s / ([\d.]+) \|$",
+        [HEALTH.http_backoff_initial_s, HEALTH.http_backoff_max_s, HEALTH.http_backoff_jitter],
+        where="health.md",
+    ),
+    Fact(
+        r"\| (\d+) s / (\d+) s \|$",
+        [HEALTH.submit_backoff_initial_s, HEALTH.submit_backoff_max_s],
+        where="health.md",
+    ),
+    Fact(
+        r"min\(([\d.]+) s \* 2\^k, (\d+) s\) \* \(1 - ([\d.]+) r\)",
+        [HEALTH.http_backoff_initial_s, HEALTH.http_backoff_max_s, HEALTH.http_backoff_jitter],
+        where="health.md",
+    ),
+    Fact(
+        r"`min\((\d+) s \* 2\^n, (\d+) s\)`",
+        [HEALTH.submit_backoff_initial_s, HEALTH.submit_backoff_max_s],
+        where="health.md",
     ),
 ]
 

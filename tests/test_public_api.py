@@ -26,7 +26,7 @@ CLIENTS = {
     "PendingFuture",
 }
 COMPAT = {"BackcompatTrainingClientFuture", "BackcompatSamplingClientFuture"}
-CONFIG = {"RetryConfig", "Timeout", "RequestOptions"}
+CONFIG = {"RetryConfig", "Timeout", "RequestOptions", "HealthPolicy"}
 CUSTOM_LOSS = {"LossHandle", "PerDatumLossFn"}
 TOKENIZER = {"TinkerTokenizer"}
 MODULES = {"types", "auth"}
@@ -73,12 +73,14 @@ EXCEPTIONS = {  # docs/design/surface.md#exceptions
     "UnprocessableEntityError",
     "RateLimitError",
     "InternalServerError",
+    "PersistentServerError",
     "APIConnectionError",
     "APIConnectError",
     "APITimeoutError",
     "APIConnectTimeoutError",
     "SamplingStuckError",
     "StalledError",
+    "CircuitOpenError",
     "APIResponseValidationError",
     "RequestFailedError",
     "FutureExpiredError",

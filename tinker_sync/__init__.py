@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     # config
     "RetryConfig": "tinker_sync.sampling_client",
     "Timeout": "tinker_sync._config",
+    "HealthPolicy": "tinker_sync._config",
     "RequestOptions": "tinker_sync._config",
     # custom loss
     "LossHandle": "tinker_sync.training_client",
@@ -86,6 +87,7 @@ _EXPORTS: dict[str, str] = {
     "UnprocessableEntityError": "tinker_sync.exceptions",
     "RateLimitError": "tinker_sync.exceptions",
     "InternalServerError": "tinker_sync.exceptions",
+    "PersistentServerError": "tinker_sync.exceptions",
     "APIConnectionError": "tinker_sync.exceptions",
     "APIConnectError": "tinker_sync.exceptions",
     "APITimeoutError": "tinker_sync.exceptions",
@@ -97,6 +99,7 @@ _EXPORTS: dict[str, str] = {
     "FutureExpiredError": "tinker_sync.exceptions",
     "FuturePollError": "tinker_sync.exceptions",
     "RequestLostError": "tinker_sync.exceptions",
+    "CircuitOpenError": "tinker_sync.exceptions",
     "ClientClosedError": "tinker_sync.exceptions",
     "ForkedProcessError": "tinker_sync.exceptions",
     "MissingCredentialsError": "tinker_sync.exceptions",
@@ -127,6 +130,7 @@ __all__ = [
     "BillingError",
     "Checkpoint",
     "CheckpointType",
+    "CircuitOpenError",
     "ClientClosedError",
     "ConflictError",
     "Datum",
@@ -141,6 +145,7 @@ __all__ = [
     "ForwardBackwardOutput",
     "FutureExpiredError",
     "FuturePollError",
+    "HealthPolicy",
     "InternalServerError",
     "LoraConfig",
     "LossHandle",
@@ -156,6 +161,7 @@ __all__ = [
     "PendingFuture",
     "PerDatumLossFn",
     "PermissionDeniedError",
+    "PersistentServerError",
     "PromptProvenanceSpan",
     "RateLimitError",
     "RequestErrorCategory",
@@ -212,6 +218,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     from tinker_sync import auth as auth
     from tinker_sync import types as types
+    from tinker_sync._config import HealthPolicy as HealthPolicy
     from tinker_sync._config import RequestOptions as RequestOptions
     from tinker_sync._config import Timeout as Timeout
     from tinker_sync._flow.health import PendingFuture as PendingFuture
@@ -250,6 +257,9 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
         BillingError as BillingError,
     )
     from tinker_sync.exceptions import (
+        CircuitOpenError as CircuitOpenError,
+    )
+    from tinker_sync.exceptions import (
         ClientClosedError as ClientClosedError,
     )
     from tinker_sync.exceptions import (
@@ -284,6 +294,9 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     )
     from tinker_sync.exceptions import (
         PermissionDeniedError as PermissionDeniedError,
+    )
+    from tinker_sync.exceptions import (
+        PersistentServerError as PersistentServerError,
     )
     from tinker_sync.exceptions import (
         RateLimitError as RateLimitError,

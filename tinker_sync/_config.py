@@ -51,10 +51,12 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ClientConfig",
     "DynamicConfig",
+    "HealthPolicy",
     "RequestOptions",
     "ServerConfig",
     "Timeout",
     "normalize_base_url",
+    "parse_health_policy",
     "parse_stall_timeout",
     "parse_tags",
     "resolve_base_url",
@@ -290,6 +292,107 @@ def parse_stall_timeout(value: str | None) -> float:
     return seconds
 
 
+@attrs.frozen(kw_only=True)
+class HealthPolicy:
+    """Every number of the per-tenant circuit breaker and retry budget (docs/health.md).
+
+    Usage::
+
+        ServiceClient(health=HealthPolicy(fail_fast=True))      # or in the environment:
+        # TINKER_SYNC_HEALTH="fail_fast=1,open_after=8"
+
+    Opening: ``open_after`` failed attempts (5xx, connection failures, timeouts) of at least
+    ``open_after_distinct`` distinct requests within ``failure_window_s``, with no success in
+    between. Probing while open: one request at a time after ``min(probe_initial_s * 2^n,
+    probe_max_s) * (1 - probe_jitter * U[0, 1))`` seconds; a probe without an answer after
+    ``probe_lease_s`` counts as failed. Retry budget (botocore's standard mode): a bucket of
+    ``retry_capacity`` tokens; a retry spends ``retry_cost`` (``timeout_retry_cost`` after a
+    timeout), a success refunds ``success_refund``; a retry finding the bucket empty opens the
+    circuit. ``same_error_repeats``: a request answered with the same 5xx error this many times
+    in a row while other requests succeed ends with that error. ``fail_fast``: new calls raise
+    :class:`~tinker_sync.exceptions.CircuitOpenError` while the circuit is open instead of
+    waiting (bounded by ``stall_timeout``). ``summary_every_s``: the period of the summary log
+    line while the circuit is not closed. ``enabled=False`` turns the breaker off (the budget
+    too). Backoff of a retried 408 / 5xx / transport failure: the HTTP layer waits
+    ``min(http_backoff_initial_s * 2^k, http_backoff_max_s) * (1 - http_backoff_jitter *
+    U[0, 1))`` before retry ``k`` (unless the server's Retry-After says otherwise); the
+    submission loop waits ``min(submit_backoff_initial_s * 2^n, submit_backoff_max_s)`` after
+    failure ``n``. While the server declares a queue paused, the tenant's polls of that
+    queue go out one at a time, at most ``paused_polls_per_s`` a second (0: no limit). The
+    first policy seen by a tenant (base URL, API key) sizes its breaker and
+    budget; ``fail_fast`` and the backoff knobs are per client. Thread safety: immutable. Fork
+    safety: plain data.
+    """
+
+    enabled: bool = True
+    failure_window_s: float = 10.0
+    open_after: int = 5
+    open_after_distinct: int = 3
+    probe_initial_s: float = 1.0
+    probe_max_s: float = 30.0
+    probe_jitter: float = 0.5
+    probe_lease_s: float = 90.0
+    retry_capacity: int = 500
+    retry_cost: int = 5
+    timeout_retry_cost: int = 10
+    success_refund: int = 1
+    same_error_repeats: int = 4
+    fail_fast: bool = False
+    summary_every_s: float = 60.0
+    http_backoff_initial_s: float = 0.5
+    http_backoff_max_s: float = 10.0
+    http_backoff_jitter: float = 0.25
+    submit_backoff_initial_s: float = 1.0
+    submit_backoff_max_s: float = 30.0
+    paused_polls_per_s: float = 5.0
+
+    def __attrs_post_init__(self) -> None:
+        for name, value in attrs.asdict(self).items():
+            if isinstance(value, bool):
+                continue
+            if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+                raise ValueError(f"HealthPolicy.{name} must be a number >= 0, not {value!r}")
+        for name in ("probe_jitter", "http_backoff_jitter"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(
+                    f"HealthPolicy.{name} must be in [0, 1], not {getattr(self, name)!r}"
+                )
+        if self.open_after < 1 or self.open_after_distinct < 1 or self.same_error_repeats < 1:
+            raise ValueError("HealthPolicy.open_after* and same_error_repeats must be >= 1")
+
+
+def parse_health_policy(value: str | None) -> HealthPolicy:
+    """``TINKER_SYNC_HEALTH``: comma-separated ``knob=value`` pairs of :class:`HealthPolicy`
+    (booleans as ``1``/``0``/``true``/``false``); unset or empty means the defaults."""
+    if value is None or not value.strip():
+        return HealthPolicy()
+    fields = {f.name: f for f in attrs.fields(HealthPolicy)}
+    knobs: dict[str, Any] = {}
+    for part in value.split(","):
+        if not part.strip():
+            continue
+        name, sep, raw = part.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not sep or name not in fields:
+            raise ValueError(
+                f"TINKER_SYNC_HEALTH: {part.strip()!r} is not knob=value with a knob among "
+                f"{', '.join(fields)}"
+            )
+        default = getattr(HealthPolicy(), name)
+        try:
+            if isinstance(default, bool):
+                if raw.lower() not in ("1", "0", "true", "false"):
+                    raise ValueError(raw)
+                knobs[name] = raw.lower() in ("1", "true")
+            elif isinstance(default, int):
+                knobs[name] = int(raw)
+            else:
+                knobs[name] = float(raw)
+        except ValueError:
+            raise ValueError(f"TINKER_SYNC_HEALTH: {name}={raw!r} is not a valid value") from None
+    return HealthPolicy(**knobs)
+
+
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_BREAK = re.compile(r"[\r\n\x00]")
 _FRAMING_HEADERS = frozenset(
@@ -354,6 +457,7 @@ class ClientConfig:
     timeout: Timeout = attrs.field(factory=Timeout)
     max_retries: int = DEFAULT_MAX_RETRIES
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
+    health: HealthPolicy = attrs.field(factory=HealthPolicy)
     telemetry: bool = True
     log_level: str | None = None
     normalized_base_url: str = attrs.field(
@@ -383,6 +487,7 @@ class ClientConfig:
         timeout: object = None,
         max_retries: int | None = None,
         stall_timeout: float | None = None,
+        health: HealthPolicy | None = None,
         environ: Mapping[str, str] | None = None,
         credentials_path: Path | str | None = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -407,6 +512,7 @@ class ClientConfig:
                 if stall_timeout is None
                 else stall_timeout
             ),
+            health=parse_health_policy(env.get("TINKER_SYNC_HEALTH")) if health is None else health,
             telemetry=telemetry_enabled(env.get("TINKER_TELEMETRY")),
             log_level=parse_log_level(env.get("TINKER_LOG")),
         )
@@ -445,6 +551,7 @@ class ClientConfig:
             "timeout": (self.timeout.connect, self.timeout.read),
             "max_retries": self.max_retries,
             "stall_timeout": self.stall_timeout,
+            "health": attrs.asdict(self.health),
             "telemetry": self.telemetry,
             "log_level": self.log_level,
         }
@@ -472,6 +579,7 @@ class ClientConfig:
             timeout=Timeout(read, connect=connect),
             max_retries=state.get("max_retries", DEFAULT_MAX_RETRIES),
             stall_timeout=state.get("stall_timeout", DEFAULT_STALL_TIMEOUT),
+            health=HealthPolicy(**state.get("health", {})),
             telemetry=state.get("telemetry", True),
             log_level=state.get("log_level"),
         )

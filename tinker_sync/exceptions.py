@@ -8,6 +8,7 @@ what the server did through ``outcome`` (a :class:`RequestOutcome`)::
     |-- never reached the server (NOT_SENT: retrying is always safe)
     |   |-- APIConnectError                       connection refused, DNS, TLS
     |   |   `-- APIConnectTimeoutError            (also an APITimeoutError)
+    |   |-- CircuitOpenError                      fail_fast: the tenant's circuit is open
     |   |-- ClientClosedError                     use after close(); pending at close
     |   |-- ForkedProcessError                    parent's future / sequence in a forked child
     |   `-- MissingCredentialsError               no API key could be resolved
@@ -17,6 +18,7 @@ what the server did through ``outcome`` (a :class:`RequestOutcome`)::
     |   |   |-- APITimeoutError                   read timeout
     |   |   `-- SamplingStuckError                no sampling progress for progress_timeout
     |   |-- InternalServerError                   5xx after retries (an APIStatusError)
+    |   |   `-- PersistentServerError             the same 5xx again and again, others fine
     |   |-- APIResponseValidationError            a 2xx body that does not fit the schema
     |   |-- FutureExpiredError                    a poll got 410 (sampling resubmits)
     |   |-- FuturePollError                       polling an accepted future failed for good
@@ -67,6 +69,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BillingError",
+    "CircuitOpenError",
     "ClientClosedError",
     "ConflictError",
     "DownloadError",
@@ -80,6 +83,7 @@ __all__ = [
     "MissingCredentialsError",
     "NotFoundError",
     "PermissionDeniedError",
+    "PersistentServerError",
     "PromiseExpiredError",
     "RateLimitError",
     "RequestErrorCategory",
@@ -339,6 +343,13 @@ class InternalServerError(APIStatusError):
     outcome = RequestOutcome.UNKNOWN
 
 
+class PersistentServerError(InternalServerError):
+    """One request answered with the same 5xx error ``HealthPolicy.same_error_repeats`` times
+    in a row while the server answers the tenant's other requests: the server fails this
+    request, not the traffic, so it is not retried (docs/health.md). The message and
+    ``response`` carry the server's words."""
+
+
 _STATUS_CLASSES: dict[int, type[APIStatusError]] = {
     400: BadRequestError,
     401: AuthenticationError,
@@ -508,6 +519,19 @@ class StalledError(TinkerError):
         self.status_code = status_code
         self.request_id = request_id
         self.stalled_for = stalled_for
+
+
+class CircuitOpenError(TinkerError):
+    """With ``HealthPolicy(fail_fast=True)``: a new call while the server is failing (its
+    tenant's circuit is open, docs/health.md). Nothing was sent. ``since`` is the wall-clock
+    time the circuit opened, ``reason`` why (e.g. "5 failed attempts of 3 requests ...")."""
+
+    outcome = RequestOutcome.NOT_SENT
+
+    def __init__(self, message: str, *, since: float | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.since = since
+        self.reason = reason
 
 
 class ClientClosedError(TinkerError, RuntimeError):

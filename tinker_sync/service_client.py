@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from tinker_sync import _pending
-from tinker_sync._config import ClientConfig, Timeout, normalize_base_url
+from tinker_sync._config import ClientConfig, HealthPolicy, Timeout, normalize_base_url
 from tinker_sync._flow.health import PendingFuture, summarize
 from tinker_sync._futures import APIFuture
 from tinker_sync._polling.decide import Decision
@@ -87,6 +87,10 @@ class ServiceClient:
         connection errors, timeouts or 5xx) before it fails with
         :class:`~tinker_sync.StalledError` (default ``TINKER_STALL_TIMEOUT``, else 600: long
         enough to ride out a server restart).
+    :param health: the :class:`~tinker_sync.HealthPolicy` of the circuit breaker and retry
+        budget shared by every client of this base URL and API key (default
+        ``TINKER_SYNC_HEALTH``, else the defaults of docs/health.md); ``fail_fast=True`` makes
+        new calls raise :class:`~tinker_sync.CircuitOpenError` while the server is failing.
     :param pickle_credentials: let pickled SamplingClients carry the API key (default False).
     :param max_workers: accepted for compatibility and validated, but it sizes nothing: the
         SDK's thread pools are process-wide and shared by every client (sizes per role:
@@ -107,6 +111,7 @@ class ServiceClient:
         timeout: float | Timeout | None = None,
         max_retries: int | None = None,
         stall_timeout: float | None = None,
+        health: HealthPolicy | None = None,
         max_workers: int | None = None,
         pickle_credentials: bool = False,
         hooks: tuple[Hook, ...] | list[Hook] | None = None,
@@ -130,6 +135,7 @@ class ServiceClient:
             timeout=timeout,
             max_retries=max_retries,
             stall_timeout=stall_timeout,
+            health=health,
             clock=_clock,
         )
         self._clock = _clock

@@ -472,3 +472,74 @@ def test_a_sample_interrupted_at_any_signal_point_leaks_no_slot_and_is_sent_at_m
         if record.endpoint == "asample"
     ]
     assert len(seq_ids) == len(set(seq_ids)) > 2
+
+
+# ------------------------------------------------------------------ the tenant's probe (docs/health.md)
+
+
+def _open_with_probe_due(limiter: Limiter) -> None:
+    from tinker_sync._flow.breaker import HALF_OPEN
+
+    tenant = limiter.tenant
+    for i in range(tenant.policy.open_after):
+        tenant.failure(("asample", f"k{i}"), "HTTP 503")
+    limiter.clock.advance(tenant.policy.probe_max_s)  # type: ignore[attr-defined]
+    assert tenant.state == HALF_OPEN
+
+
+def test_an_exception_at_any_signal_point_of_a_probe_pump_issues_exactly_one_probe():
+    """While the circuit is open, a pump interrupted anywhere (in the limiter or the breaker)
+    gives the probe to exactly one held ticket: the next pump re-issues that one (its start
+    never returned) and takes no second probe; when the probe's answer closes the circuit,
+    every other ticket starts once (docs/limiter.md#signals, docs/health.md)."""
+    from tinker_sync._flow import breaker as breaker_module
+    from tinker_sync._flow import limiter as limiter_module
+
+    files = {limiter_module.__file__, breaker_module.__file__}
+
+    def scenario(point: int | None) -> tuple[Limiter, Lane, int]:
+        limiter = Limiter(("https://x", "k"), FakeClock(rng=lambda: 0.5))
+        lane = Lane(limiter)
+        _open_with_probe_due(limiter)
+        limiter.send_width = 0  # queue everything first
+        for name in ("a0", "a1", "a2"):
+            lane.submit(name)
+        limiter.send_width = 3
+        where = lambda code: code.co_filename in files  # noqa: E731
+        return limiter, lane, interrupt_at(point, limiter.pump, where)
+
+    _, _, points = scenario(None)
+    assert points > 20
+    for point in range(points):
+        limiter, lane, _ = scenario(point)
+        limiter.pump()
+        lane.run()
+        assert lane.started == ["a0"], (point, lane.started)
+        assert limiter.tenant.probes == 1, point
+        assert lane.tickets["a0"].probe, point
+        limiter.pump()  # nothing more while the probe is out
+        lane.run()
+        assert lane.started == ["a0"], (point, lane.started)
+        lane.tickets["a0"].probe = False  # the send step takes it; the answer closes it
+        limiter.tenant.success()
+        lane.settle()
+        assert sorted(lane.started) == ["a0", "a1", "a2"], (point, lane.started)
+        _assert_gates_restored(limiter)
+
+
+def test_a_held_probe_ticket_that_stops_gives_the_probe_back():
+    """A ticket granted the probe but stopped before its send step claimed it (cancelled,
+    closed) abandons the probe: the next held ticket probes."""
+    limiter = Limiter(("https://x", "k"), FakeClock(rng=lambda: 0.5))
+    lane = Lane(limiter)
+    _open_with_probe_due(limiter)
+    first = lane.submit("a0")
+    assert first.probe and lane.scheduled == ["a0"]
+    lane.stop_all = RuntimeError("cancelled")
+    limiter.wake(everything=False)
+    assert [name for name, _ in lane.stopped] == ["a0"] and not first.probe
+    lane.stop_all = None
+    lane.submit("a1")
+    lane.run()
+    assert lane.started == ["a1"] and lane.tickets["a1"].probe
+    assert limiter.tenant.probes == 2

@@ -36,9 +36,9 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tinker_sync._runtime.clock import Clock
+from tinker_sync._runtime.clock import Clock, exiting
 from tinker_sync._runtime.fork import make_lock
 from tinker_sync._runtime.redact import scrub
 from tinker_sync.exceptions import (
@@ -58,6 +58,9 @@ __all__ = [
     "describe_failure",
     "is_unhealthy_status",
 ]
+
+if TYPE_CHECKING:
+    from tinker_sync._flow.breaker import TenantHealth
 
 log = logging.getLogger("tinker_sync.health")
 
@@ -180,6 +183,10 @@ class Health:
         self._last_failure: float | None = None
         self._progress: dict[str, Progress] = {}
         self._sources: weakref.WeakSet[ProgressSource] = weakref.WeakSet()
+        #: The tenant's circuit breaker and retry budget (set once the limiter is known).
+        self.tenant: TenantHealth | None = None
+        #: Set by close(): the failures of aborted requests are not the server's.
+        self.closing = False
         #: Summary of what is pending, for the warning (set by the owning client).
         self.describe_pending: Callable[[], str] = self._describe_tracked
 
@@ -194,6 +201,16 @@ class Health:
         error = data.get("error")
         if status is not None:
             self.reached = True
+        if self.closing or exiting():
+            return  # requests cut short by close() or Ctrl-C say nothing about the server
+        tenant = self.tenant
+        if tenant is not None:
+            if error is not None or status >= 500:
+                what = error if error is not None else f"HTTP {status}"
+                key = (data.get("path"), data.get("idempotency_key"))
+                tenant.failure(key, what, timeout=error is not None and "Timeout" in error)
+            else:  # an answer: the server is up (a 429 refunds nothing; the limiter paces it)
+                tenant.success(refund=0 if status == 429 else None)
         if error is not None or status in _GATEWAY_STATUSES:
             what = error if error is not None else f"HTTP {status}"
             self.failed(what, data.get("path"), connect=what in _CONNECT_ERRORS)

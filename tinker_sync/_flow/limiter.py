@@ -51,6 +51,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from tinker_sync._flow import sharedbackoff
+from tinker_sync._flow.breaker import TenantHealth, Turn
 from tinker_sync._runtime.clock import Clock
 from tinker_sync._runtime.executor import BoundedLane, call_later, pool
 from tinker_sync._runtime.fork import make_condition, make_lock, register_after_fork
@@ -71,6 +72,8 @@ RATE_LIMIT_BACKOFF_S = 1.0
 LARGE_PROMPT_BACKOFF_S = 5.0
 #: The backoff a paused queue state on a sampling poll sets.
 PAUSED_QUEUE_BACKOFF_S = 1.0
+#: While the backoff keeps being extended, one INFO summary at most this often (seconds).
+BACKOFF_SUMMARY_EVERY_S = 60.0
 #: The send width follows latency (docs/limiter.md#send-width): once SEND_LATENCY_MIN_SAMPLES
 #: of the last SEND_LATENCY_WINDOW ``asample`` exchanges sent at the base width are known, a
 #: median above WIDEN_ABOVE_S widens the senders to base x median / SEND_TARGET_S, at most
@@ -154,6 +157,7 @@ class Ticket:
         "issued",
         "on_stop",
         "owner",
+        "probe",
         "round",
         "sending",
         "start",
@@ -181,6 +185,9 @@ class Ticket:
         self.state = QUEUED
         self.round = 0  # +1 each time the ticket becomes HELD
         self.issued = -1  # the last round whose start() returned
+        #: Granted the tenant's one probe while its circuit is open (set by the tenant, in the
+        #: same step that takes the probe); the send step that claims it sends the probe.
+        self.probe = False
 
 
 class Limiter:
@@ -245,6 +252,13 @@ class Limiter:
         #: monotonic readings drift apart (tinker_sync.testing's virtual clock) never turns one
         #: record into a deadline that moves on with every timer pass.
         self._honoured_wall: float | None = None
+        self._extensions = 0  # deadline moves since the last INFO line
+        self._last_backoff_log = float("-inf")
+        #: The tenant's circuit breaker and retry budget (docs/health.md): held tickets start
+        #: only while it is closed, or one at a time as its probe. Its wake-ups re-check the
+        #: held tickets' stop reasons, then pump.
+        self.tenant = TenantHealth(key, clock)
+        self.tenant.on_change(lambda: self.wake(everything=False))
 
     # ---------------------------------------------------------------- sizing
 
@@ -370,13 +384,31 @@ class Limiter:
         """
         now = self.clock.monotonic()
         wall = self.clock.time() + seconds
+        summary: str | None = None
         with self._lock:
             until = now + seconds
             moved = until > self.backoff_until
             previous = self._honoured_wall
+            # One INFO line when a backoff starts, then one summary a minute while it is
+            # extended (a paused queue moves it on every poll answer: docs/health.md#logs).
+            starts = moved and now >= self.backoff_until
             if moved:
                 self.backoff_until = until
                 self._honoured_wall = wall  # before publishing: a pump may read it back
+                self._extensions += 1
+                if starts and now - self._last_backoff_log >= BACKOFF_SUMMARY_EVERY_S:
+                    self._extensions = 0
+                    self._last_backoff_log = now
+                elif not starts and now - self._last_backoff_log >= BACKOFF_SUMMARY_EVERY_S:
+                    summary = (
+                        f"sampling still backed off ({cause}): extended "
+                        f"{self._extensions} times in the last "
+                        f"{now - self._last_backoff_log:.0f} s"
+                    )
+                    self._extensions = 0
+                    self._last_backoff_log = now
+                else:
+                    starts = False
             result = self.backoff_until
         shared = self._shared_file() if moved else None
         if shared is not None:
@@ -389,8 +421,13 @@ class Limiter:
                     with self._lock:
                         if self._honoured_wall == wall:
                             self._honoured_wall = previous
-        if moved:
+        if starts:
             log.info("sampling backoff for %.3f s (%s)", seconds, cause)
+        elif summary is not None:
+            log.info("%s", summary)
+        elif moved:
+            log.debug("sampling backoff for %.3f s (%s)", seconds, cause)
+        if moved:
             from tinker_sync._transport import emit_hook
 
             emit_hook(
@@ -565,13 +602,29 @@ class Limiter:
                 if now >= self.backoff_until:
                     kept: collections.deque[Ticket] = collections.deque()
                     seen: set[int] = set()
+                    due: list[Ticket] = []  # HELD, and no start() returned for this round
+                    probing = False  # a HELD ticket already holds the tenant's probe
                     for ticket in self._held:
                         if ticket.state is HELD and id(ticket) not in seen:
                             seen.add(id(ticket))
                             kept.append(ticket)
+                            probing = probing or ticket.probe
                             if ticket.issued != ticket.round:
-                                issue.append((ticket, ticket.round))
+                                due.append(ticket)
                     self._held = kept  # one store; claimed entries go at the next scan
+                    if due:
+                        # The breaker (docs/health.md): every held ticket while the circuit
+                        # is closed, else only the one probe. A probe whose start() never
+                        # returned is issued again, and no second probe is taken meanwhile;
+                        # turn() marks the probe ticket in the step that takes the probe.
+                        # Lock order: limiter, then tenant.
+                        if probing:
+                            turn = Turn.WAIT if self.tenant.is_open() else Turn.SEND
+                        else:
+                            turn = self.tenant.turn(due[0])
+                        for ticket in due:
+                            if turn is Turn.SEND or ticket.probe:
+                                issue.append((ticket, ticket.round))
                 else:
                     self._schedule_locked(now)
         self._deliver_stops()
@@ -640,10 +693,14 @@ class Limiter:
                     return
                 ticket, exc = self._stopping[0]
                 deliver = ticket.state is STOPPED
+                probe = deliver and ticket.probe
                 if deliver:
                     self._return_gates_locked(ticket, sample_bytes)
+                    ticket.probe = False
                     ticket.state = FINISHED
                 self._stopping.popleft()
+            if probe:  # stopped holding the tenant's probe, never sent: the next one probes
+                self.tenant.abandon_probe()
             if deliver:
                 ticket.on_stop(exc)
 

@@ -40,7 +40,8 @@ from typing import TypeVar
 import attrs
 import urllib3.exceptions
 
-from tinker_sync._config import DEFAULT_TIMEOUT
+from tinker_sync._config import DEFAULT_TIMEOUT, HealthPolicy
+from tinker_sync._flow.breaker import TenantHealth, Turn
 from tinker_sync._flow.health import StallWatch, describe_failure
 from tinker_sync._runtime.causes import related, signal_exception
 from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock, exiting
@@ -59,9 +60,11 @@ from tinker_sync.exceptions import (
     APIConnectTimeoutError,
     APIStatusError,
     APITimeoutError,
+    PersistentServerError,
     RequestErrorCategory,
     RequestFailedError,
     RequestOutcome,
+    StalledError,
     TinkerError,
 )
 
@@ -91,11 +94,14 @@ logger = logging.getLogger("tinker_sync.retry")
 
 T = TypeVar("T")
 
-INITIAL_RETRY_DELAY = 0.5
-MAX_RETRY_DELAY = 10.0
+#: The backoff numbers' one source is :class:`HealthPolicy` (docs/health.md); these name its
+#: defaults.
+_DEFAULT_POLICY = HealthPolicy()
+INITIAL_RETRY_DELAY = _DEFAULT_POLICY.http_backoff_initial_s
+MAX_RETRY_DELAY = _DEFAULT_POLICY.http_backoff_max_s
 RETRY_AFTER_MAX = 60.0
 HOLDER_BUDGET_S = 300.0
-HOLDER_MAX_WAIT = 30.0
+HOLDER_MAX_WAIT = _DEFAULT_POLICY.submit_backoff_max_s
 BILLING_PAUSE_S = 5.0
 BILLING_WARN_EVERY_S = 60.0
 BILLING_INCIDENT_RESET_S = 300.0
@@ -148,24 +154,32 @@ def parse_retry_after(headers: Mapping[str, str], now_wall: float) -> float | No
     return value if 0 < value <= RETRY_AFTER_MAX else None
 
 
-def http_backoff(k: int, rng: Callable[[], float]) -> float:
-    """Delay before HTTP retry ``k`` (0-based): ``min(0.5 * 2^k, 10) * (1 - 0.25 * rng())``."""
-    base = min(INITIAL_RETRY_DELAY * 2.0 ** min(max(k, 0), 64), MAX_RETRY_DELAY)
-    return base * (1.0 - 0.25 * rng())
+def http_backoff(k: int, rng: Callable[[], float], policy: HealthPolicy | None = None) -> float:
+    """Delay before HTTP retry ``k`` (0-based): ``min(0.5 * 2^k, 10) * (1 - 0.25 * rng())``
+    with the default ``policy`` (its ``http_backoff_*`` knobs, docs/health.md)."""
+    p = policy if policy is not None else _DEFAULT_POLICY
+    base = min(p.http_backoff_initial_s * 2.0 ** min(max(k, 0), 64), p.http_backoff_max_s)
+    return base * (1.0 - p.http_backoff_jitter * rng())
 
 
-def retry_delay(headers: Mapping[str, str] | None, k: int, clock: Clock) -> float:
+def retry_delay(
+    headers: Mapping[str, str] | None, k: int, clock: Clock, policy: HealthPolicy | None = None
+) -> float:
     """The HTTP-layer delay before retry ``k``: Retry-After if honoured, else :func:`http_backoff`."""
     if headers:
         honoured = parse_retry_after(headers, clock.time())
         if honoured is not None:
             return honoured
-    return http_backoff(k, clock.random)
+    return http_backoff(k, clock.random, policy)
 
 
-def holder_backoff(n: int) -> float:
-    """Submission-loop delay after failure ``n`` (0-based): ``min(2^n, 30)``."""
-    return float(min(2.0 ** min(max(n, 0), 64), HOLDER_MAX_WAIT))
+def holder_backoff(n: int, policy: HealthPolicy | None = None) -> float:
+    """Submission-loop delay after failure ``n`` (0-based): ``min(2^n, 30)`` with the default
+    ``policy`` (its ``submit_backoff_*`` knobs, docs/health.md)."""
+    p = policy if policy is not None else _DEFAULT_POLICY
+    return float(
+        min(p.submit_backoff_initial_s * 2.0 ** min(max(n, 0), 64), p.submit_backoff_max_s)
+    )
 
 
 #: The 4xx statuses worth repeating a request for; every status >= 500 is, too. The one
@@ -346,16 +360,21 @@ def send_with_retries(
     clock: Clock | None = None,
     hooks: Sequence[Hook] | None = None,
     send: Callable[[RequestSpec, int], Reply] | None = None,
+    tenant: TenantHealth | None = None,
 ) -> Reply:
     """Send ``spec`` with HTTP-level retries and return the first reply with status < 400.
 
     ``send(spec, attempt)`` replaces ``transport.send_once`` (the session's hedged send).
+    ``tenant`` (docs/health.md): a retry of a 5xx or transport failure spends its retry budget,
+    and none is made while its circuit is open or the budget is empty (the failure is raised
+    for the caller's loop, which waits for the probe).
 
     ``max_retries``: argument, else ``spec.max_retries``, else the client's (default 10).
     ``clock``/``hooks`` default to the transport's. Raises the status exception
     (:func:`~tinker_sync._transport.error_from_reply`) for a final error reply, or the mapped
     transport exception; credential errors propagate at once. Each retry emits a
-    ``retry_scheduled`` hook event and sleeps with reason ``"http-retry"``.
+    ``retry_scheduled`` hook event and sleeps with reason ``"http-retry"``, timed by the
+    client's :class:`HealthPolicy` (``http_backoff_*``).
     """
     if max_retries is None:
         max_retries = spec.max_retries
@@ -364,6 +383,7 @@ def send_with_retries(
     clock = transport.clock if clock is None else clock
     hooks = transport.hooks if hooks is None else tuple(hooks)
     window = retry_window(transport)
+    policy = transport.config.health  # the backoff knobs (docs/health.md)
     send_once = transport.send_once if send is None else send
     start = clock.monotonic()
     k = 0
@@ -382,8 +402,13 @@ def send_with_retries(
                 room = start + window - now - (now - attempt_start)
             else:
                 room = math.inf
-            delay = min(http_backoff(k, clock.random), room)
-            if k >= max_retries or room <= 0 or not classify(exc).retryable:
+            delay = min(http_backoff(k, clock.random, policy), room)
+            if (
+                k >= max_retries
+                or room <= 0
+                or not classify(exc).retryable
+                or not _tenant_allows_retry(tenant, timeout=isinstance(exc, APITimeoutError))
+            ):
                 final = _with_context(exc, transport, spec, k + 1, now - start)
                 if final is exc:
                     raise
@@ -393,9 +418,13 @@ def send_with_retries(
         else:
             if reply.status < 400:
                 return reply
-            if k >= max_retries or not should_retry(reply):
+            if (
+                k >= max_retries
+                or not should_retry(reply)
+                or (reply.status >= 500 and not _tenant_allows_retry(tenant, timeout=False))
+            ):
                 raise error_from_reply(reply)
-            delay = retry_delay(reply.headers, k, clock)
+            delay = retry_delay(reply.headers, k, clock, policy)
             reason = f"status {reply.status}"
             failure = error_from_reply(reply)
         k += 1
@@ -421,6 +450,13 @@ def send_with_retries(
         clock.sleep(delay, "http-retry")
         if exiting():
             raise failure
+
+
+def _tenant_allows_retry(tenant: TenantHealth | None, *, timeout: bool) -> bool:
+    """An HTTP-layer retry is made only while the circuit is closed and the budget pays."""
+    if tenant is None:
+        return True
+    return not tenant.is_open() and tenant.acquire_retry(timeout=timeout)
 
 
 # --------------------------------------------------------------------------------------------
@@ -504,8 +540,23 @@ class SubmissionRetry:
         reached: Callable[[], bool] | None = None,
         what: str = "request",
         stop: Callable[[], BaseException | None] | None = None,
+        tenant: TenantHealth | None = None,
+        fail_fast: bool = False,
+        closed: Callable[[], BaseException | None] | None = None,
+        policy: HealthPolicy | None = None,
     ) -> None:
         self.clock = clock
+        #: The client's HealthPolicy: its submit_backoff_* knobs time the waits (docs/health.md).
+        self.policy = policy
+        #: Ends a wait for the tenant's circuit (the client was closed), as ``stop`` does.
+        self.closed = closed
+        #: The tenant's circuit breaker and retry budget (docs/health.md), None for none.
+        self.tenant = tenant
+        self.fail_fast = fail_fast
+        self._spent = 0  # the cost of the last retry, refunded when an attempt succeeds
+        self._same_error = ""  # the last 5xx (status and server's words) of this call
+        self._same_count = 0
+        self._successes_before = 0  # the tenant's successes when that run of errors began
         self.billing = billing if billing is not None else BillingPause(billing_window_s)
         self.budget_s = stall_timeout if stall_timeout is not None else budget_s
         self.hooks = hooks
@@ -518,6 +569,54 @@ class SubmissionRetry:
         self.start = clock.monotonic()
         self.watch = StallWatch(clock, self.budget_s, what, since=self.start)
         self.attempt = 0
+
+    def gate(self) -> None:
+        """Before each attempt: wait (this thread) while the tenant's circuit is open, unless
+        this attempt is the probe; the first attempt raises CircuitOpenError with
+        ``fail_fast``. A wait longer than the budget ends with a StalledError."""
+        tenant = self.tenant
+        if tenant is None:
+            return
+        until = self.start + self.budget_s
+        stop, closed = self.stop, self.closed
+
+        def stopped() -> BaseException | None:
+            reason = closed() if closed is not None else None
+            return reason if reason is not None else (stop() if stop is not None else None)
+
+        turn = tenant.wait_turn(stopped, until, fail_fast=self.fail_fast and self.attempt == 0)
+        if turn is Turn.WAIT:
+            waited = self.clock.monotonic() - self.start
+            raise StalledError(
+                f"{self.what}: the server has been failing for {waited:.0f} s "
+                f"(stall_timeout={self.budget_s:g} s); {tenant.open_error().reason}",
+                stalled_for=waited,
+            )
+
+    def succeeded(self) -> None:
+        """The attempt succeeded: refund the cost of the retry that led to it."""
+        if self.tenant is not None and self._spent:
+            self.tenant.refund(self._spent)
+            self._spent = 0
+
+    def _same_error_again(self, exc: Exception) -> bool:
+        """Whether ``exc`` (a 5xx) repeats this call's last error ``same_error_repeats``
+        times in a row while other requests of the tenant succeed."""
+        tenant = self.tenant
+        if tenant is None or not isinstance(exc, APIStatusError):
+            self._same_count = 0
+            return False
+        words = describe_failure(exc)
+        if words != self._same_error:
+            self._same_error = words
+            self._same_count = 0
+            self._successes_before = tenant.successes
+        self._same_count += 1
+        return (
+            self._same_count >= tenant.policy.same_error_repeats
+            and tenant.successes > self._successes_before
+            and not tenant.is_open()
+        )
 
     def billing_pause(self, exc: BaseException) -> bool:
         """True when ``exc`` is a 402 inside the billing window (pause, no attempt counted)."""
@@ -549,22 +648,40 @@ class SubmissionRetry:
             raise exc
         if self.reached is not None and not self.reached():
             raise exc
-        if info.status_code is None or info.status_code >= 500:
+        server_trouble = info.status_code is None or info.status_code >= 500
+        if server_trouble:
             stalled = self.watch.unhealthy(exc) if self.stall_timeout is not None else None
             if stalled is not None:
                 raise stalled from exc
+            if self._same_error_again(exc):
+                assert isinstance(exc, APIStatusError)
+                raise PersistentServerError(
+                    f"{self.what}: the server answered {describe_failure(exc)} "
+                    f"{self._same_count} times in a row while it answers other requests; "
+                    "not retrying this request",
+                    response=exc.response,
+                    request=exc.request,
+                    body=exc.body,
+                ) from exc
         else:
             self.watch.useful()
+            self._same_count = 0
         if elapsed >= budget_s:
             raise exc
+        if server_trouble and self.tenant is not None:
+            timeout = isinstance(exc, APITimeoutError)
+            # An empty budget opens the circuit: the retry then waits for the probe (gate()).
+            spent = self.tenant.acquire_retry(timeout=timeout)
+            self._spent = self.tenant.retry_cost(timeout=timeout) if spent else 0
         reason = self.stop() if self.stop is not None else None
         if reason is not None:
             raise reason from exc
-        wait = min(holder_backoff(self.attempt), start + budget_s - now)
+        wait = min(holder_backoff(self.attempt, self.policy), start + budget_s - now)
         if wait <= 0:  # the budget is spent (float rounding can land a hair under it)
             raise exc
         self.attempt += 1
-        if self.attempt == 1:
+        if self.attempt == 1 and not (self.tenant is not None and self.tenant.is_open()):
+            # While the circuit is open the tenant logs for everyone (one line per change).
             logger.info(
                 "%s failed (%s); retrying for up to %.0f s more",
                 self.what,
@@ -610,8 +727,9 @@ def submission_loop(fn: Callable[[], T], retry: SubmissionRetry | None = None) -
         retry = SubmissionRetry()
     clock = retry.clock
     while True:
+        retry.gate()
         try:
-            return fn()
+            result = fn()
         except Exception as exc:
             if retry.billing_pause(exc):
                 pause_start = clock.monotonic()
@@ -621,3 +739,6 @@ def submission_loop(fn: Callable[[], T], retry: SubmissionRetry | None = None) -
                     raise
                 continue
             clock.sleep(retry.wait_after(exc), "submission-retry")
+        else:
+            retry.succeeded()
+            return result

@@ -40,6 +40,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from tinker_sync._flow.breaker import Turn
 from tinker_sync._flow.health import StallWatch
 from tinker_sync._flow.limiter import PAUSED_QUEUE_BACKOFF_S, Stopped
 from tinker_sync._polling.decide import Action, Decision, PollCounters, decide_reply
@@ -52,11 +53,18 @@ from tinker_sync._transport import Pool, Reply, RequestSpec, emit_hook
 from tinker_sync.exceptions import (
     APIConnectionError,
     APIResponseValidationError,
+    APITimeoutError,
     ClientClosedError,
+    StalledError,
 )
 
 T = TypeVar("T")
 log = logging.getLogger("tinker_sync.polling")
+
+
+class _Parked(Exception):
+    """Ends a poll's wait for the tenant's circuit: it was cancelled or closed meanwhile."""
+
 
 PROTO_KINDS = frozenset({"Sample", "ForwardBackward", "Forward"})
 
@@ -104,6 +112,8 @@ class Poll:
         self.progress = session.health.track(request_id, request_type)
         self._reserved = 0
         self._last_state: tuple[str, str | None] = ("active", None)
+        self._parked_since: float | None = None  # waiting for the tenant's circuit since
+        self._stalled_while_parked: BaseException | None = None
 
     def _spec(self, plan: PollPlan) -> RequestSpec:
         iteration = self.counters.iteration
@@ -125,6 +135,7 @@ class Poll:
             expect="proto" if self.request_type in PROTO_KINDS else "json",
             max_retries=0,
             sdk_method=self.sdk_method,
+            logical_key=f"poll:{self.request_id}",  # one request for the tenant's breaker
         )
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
@@ -197,6 +208,41 @@ class Poll:
             return ClientClosedError("the client was closed while this request was pending")
         return None
 
+    def _stopped(self) -> bool:
+        return self.is_cancelled() or self._stop_reason() is not None
+
+    def _tenant_turn(self) -> bool:
+        """Wait (this pool thread) while the tenant's circuit is open, unless this poll is its
+        probe (docs/health.md). False when stopped meanwhile."""
+        tenant = self.session.health.tenant
+        if tenant is None or not tenant.is_open():
+            self._parked_since = None
+            return True
+        clock = self.session.clock
+        if self._parked_since is None:
+            self._parked_since = clock.monotonic()
+        limit = self.session.config.stall_timeout
+
+        def stop() -> BaseException | None:
+            return _Parked() if self.is_cancelled() or self._stop_reason() else None
+
+        try:
+            turn = tenant.wait_turn(stop, self._parked_since + limit)
+        except _Parked:
+            return False
+        if turn is Turn.WAIT:
+            waited = clock.monotonic() - self._parked_since
+            self._stalled_while_parked = StalledError(
+                f"{self.request_type} (request_id={self.request_id}): the server has been "
+                f"failing for {waited:.0f} s (stall_timeout={limit:g} s); "
+                f"{tenant.open_error().reason}",
+                request_id=self.request_id,
+                stalled_for=waited,
+            )
+            return True
+        self._parked_since = None
+        return True
+
     def _run(self) -> None:
         clock = self.session.clock
         deadline = None if self.poll_timeout is None else clock.monotonic() + self.poll_timeout
@@ -218,34 +264,58 @@ class Poll:
             if stop is not None:
                 self._finish(None, stop)
                 return
-            started = clock.monotonic()
-            status: int | None = None
+            if not self._tenant_turn():
+                continue  # stopped while parked: the next turn says why
+            if self._stalled_while_parked is not None:
+                self._finish(None, self._stalled_while_parked)
+                return
+            tenant = self.session.health.tenant
+            kind = "sampling" if self.sampling else "training"
+            if tenant is not None and not tenant.pause_turn(kind, self, self._stopped):
+                continue  # stopped while its queue is paused: the next turn says why
+            paused: str | None = None  # the paused queue state this poll was answered with
+            answered = False  # an answer saying the queue is not paused
             try:
-                reply = hedger.run(
-                    f"poll:{self.request_type}",
-                    send,
-                    abort=lambda ident: transport.abort_threads([ident], (Pool.RETRIEVE_PROMISE,)),
-                    read_timeout=hold.plan().timeout.read,
-                )
-            except APIConnectionError as exc:
-                decision = _transport_error(exc, self.counters, jitter=clock.random())
-                self.progress.last_status = type(exc).__name__
-            else:
-                hold.learn(reply.headers)
-                status = reply.status
-                self.progress.last_status = f"HTTP {status}"
-                decision = decide_reply(
-                    reply.status,
-                    reply.headers,
-                    reply.content,
-                    self.counters,
-                    request_id=self.request_id,
-                    now=clock.monotonic(),
-                    elapsed=clock.monotonic() - started,
-                    jitter=clock.random(),
-                    billing_window_s=billing_window,
-                    op=self.request_type,
-                )
+                started = clock.monotonic()
+                status: int | None = None
+                try:
+                    reply = hedger.run(
+                        f"poll:{self.request_type}",
+                        send,
+                        abort=lambda ident: transport.abort_threads(
+                            [ident], (Pool.RETRIEVE_PROMISE,)
+                        ),
+                        read_timeout=hold.plan().timeout.read,
+                    )
+                except APIConnectionError as exc:
+                    decision = _transport_error(exc, self.counters, jitter=clock.random())
+                    self.progress.last_status = type(exc).__name__
+                else:
+                    hold.learn(reply.headers)
+                    status = reply.status
+                    self.progress.last_status = f"HTTP {status}"
+                    decision = decide_reply(
+                        reply.status,
+                        reply.headers,
+                        reply.content,
+                        self.counters,
+                        request_id=self.request_id,
+                        now=clock.monotonic(),
+                        elapsed=clock.monotonic() - started,
+                        jitter=clock.random(),
+                        billing_window_s=billing_window,
+                        op=self.request_type,
+                    )
+                state = decision.queue_state
+                if decision.action is Action.PENDING:
+                    # a queue state says whether the queue is paused; no state says nothing
+                    paused = state if state and state.startswith("paused") else None
+                    answered = bool(state) and paused is None
+                else:  # a result, metadata or a final error: the queue moves
+                    answered = decision.action is not Action.RETRY
+            finally:
+                if tenant is not None:  # the queue's pause: one poll at a time (docs/health.md)
+                    tenant.pause_report(kind, self, paused=paused, answered=answered)
             self.counters.iteration += 1
             self.progress.attempts = self.counters.iteration
             if decision.queue_state:
@@ -258,6 +328,9 @@ class Poll:
                 if stalled is not None:
                     self._finish(None, stalled)
                     return
+                tenant = self.session.health.tenant
+                if tenant is not None:  # an empty budget opens the circuit: the next turn waits
+                    tenant.acquire_retry(timeout=isinstance(decision.exc, APITimeoutError))
             action = decision.action
             if action is Action.RESULT:
                 try:

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tinker_sync._flow.breaker import Turn
 from tinker_sync._flow.health import StallWatch
 from tinker_sync._flow.limiter import (
     LARGE_PROMPT_BACKOFF_S,
@@ -51,7 +52,9 @@ from tinker_sync.exceptions import (
     MissingCredentialsError,
     RequestFailedError,
     RequestLostError,
+    RequestOutcome,
     SamplingStuckError,
+    StalledError,
 )
 from tinker_sync.types import (
     SampleResponse,
@@ -111,6 +114,13 @@ class SampleJob:
         self.fut: APIFuture[Any] = APIFuture(on_cancel=self._on_cancel, description="Sample")
         self.fut._owner = self.session  # type: ignore[attr-defined]
         self._stall = StallWatch(self.session.clock, self.session.config.stall_timeout, "Sample")
+        self._parked_since: float | None = None
+        #: fail_fast: the CircuitOpenError of a call made while its tenant's circuit is open.
+        self._open_at_call: BaseException | None = None
+        limiter = self.session._limiter  # None before the session started: nothing opened
+        fail_fast = self.session.config.health.fail_fast
+        if limiter is not None and fail_fast and limiter.tenant.is_open():
+            self._open_at_call = limiter.tenant.open_error()
 
     # ---------------------------------------------------------------- stop conditions
 
@@ -123,7 +133,33 @@ class SampleJob:
         handler = self.handler
         if handler is not None and handler.stuck():
             return self._stuck_error()
-        return None
+        return self._parked_too_long()
+
+    def _parked_too_long(self) -> BaseException | None:
+        """A StalledError once the tenant's circuit has been open for ``stall_timeout`` since
+        this job first saw it open (docs/health.md); the tenant's wake-ups ask."""
+        limiter = self.limiter
+        if limiter is None:
+            return None
+        clock = self.session.clock
+        if not limiter.tenant.is_open():
+            self._parked_since = None
+            return None
+        now = clock.monotonic()
+        if self._parked_since is None:
+            self._parked_since = now
+            return None
+        waited = now - self._parked_since
+        limit = self.session.config.stall_timeout
+        if waited < limit:
+            return None
+        err = StalledError(
+            f"Sample: the server has been failing for {waited:.0f} s "
+            f"(stall_timeout={limit:g} s); {limiter.tenant.open_error().reason}",
+            stalled_for=waited,
+        )
+        err.outcome = RequestOutcome.NOT_SENT if self.request_id is None else err.outcome
+        return err
 
     def _stuck_error(self) -> SamplingStuckError:
         return SamplingStuckError(
@@ -198,6 +234,9 @@ class SampleJob:
 
     def admit(self) -> None:
         """Take a concurrency slot, or park (no thread) until one frees up."""
+        if self._open_at_call is not None:
+            self.fut._fail(self._open_at_call)  # fail_fast: nothing sent
+            return
         try:
             self.limiter = self.session.limiter
             self.handler = self.client._retry_handler()
@@ -224,6 +263,8 @@ class SampleJob:
         if stop is not None:
             self.finish(None, stop)
             return
+        limiter = self.limiter
+        assert limiter is not None
         seq_id = self.client._take_seq_id()
         self.spec = RequestSpec(
             method="POST",
@@ -236,8 +277,6 @@ class SampleJob:
         )
         self.created_at = self.session.clock.monotonic()
         self.submit_retry = None  # the submission loop's state for this seq_id, on first send
-        limiter = self.limiter
-        assert limiter is not None
         ticket = Ticket(
             owner=id(self.client),  # the round-robin unit (an int: keeps no client alive)
             estimate=self.estimate,
@@ -284,10 +323,21 @@ class SampleJob:
         clock = session.clock
         stop = self.stop_reason()
         if stop is not None:
+            if ticket.probe:
+                ticket.probe = False
+                limiter.tenant.abandon_probe()
             limiter.release(ticket)
             self.finish(None, stop)
             return
         if limiter.backoff_remaining() > 0:  # another client or process backed off meanwhile
+            if ticket.probe:  # not sent: the next started ticket probes
+                ticket.probe = False
+                limiter.tenant.abandon_probe()
+            limiter.hold(ticket)
+            return
+        if ticket.probe:
+            ticket.probe = False  # this send is the probe; its outcome reaches the tenant
+        elif limiter.tenant.turn() is Turn.WAIT:  # the circuit opened since it was started
             limiter.hold(ticket)
             return
         if self.submit_retry is None:
@@ -331,6 +381,7 @@ class SampleJob:
             self.finish(None, exc)
             return
         limiter.release(ticket)
+        self.submit_retry.succeeded()
         self._accepted(accepted)
 
     def _submit_failed(self, exc: Exception) -> None:

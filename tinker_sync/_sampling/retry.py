@@ -33,6 +33,7 @@ from tinker_sync.exceptions import (
     APIConnectionError,
     APIStatusError,
     FutureExpiredError,
+    PersistentServerError,
     RequestFailedError,
     SamplingStuckError,
 )
@@ -85,8 +86,9 @@ class RetryConfig:
     )
 
     def is_retryable(self, exc: BaseException) -> bool:
-        """Whether the sampling layer retries ``exc`` (never RequestFailedError)."""
-        if isinstance(exc, (RequestFailedError, SamplingStuckError)):
+        """Whether the sampling layer retries ``exc`` (never RequestFailedError, nor
+        PersistentServerError)."""
+        if isinstance(exc, (RequestFailedError, SamplingStuckError, PersistentServerError)):
             return False
         if isinstance(exc, self.retryable_exceptions):
             return True

@@ -320,8 +320,10 @@ class Session:
             fwdbwd_dispatch_bytes=self.server.fwdbwd_dispatch_bytes_semaphore_size,
             inflight_response_bytes=self.server.inflight_response_bytes_semaphore_size,
         )
+        limiter.tenant.configure(self.config.health)
         limiter.add_user()
         self._limiter = limiter
+        self.health.tenant = limiter.tenant
 
     def _create_session(self) -> None:
         body: dict[str, Any] = {
@@ -424,7 +426,19 @@ class Session:
             reached=lambda: self.health.reached,
             what=what,
             stop=stop,
+            # close() never waits for the circuit: its one finish request goes out at once.
+            tenant=self._limiter.tenant
+            if self._limiter is not None and not self.health.closing
+            else None,
+            fail_fast=self.config.health.fail_fast,
+            closed=self._closed_error,
+            policy=self.config.health,
         )
+
+    def _closed_error(self) -> BaseException | None:
+        if not self._closed:
+            return None
+        return ClientClosedError("the client was closed while this request was pending")
 
     def request(self, spec: RequestSpec, *, loop: bool = True, hedge: bool = False) -> Reply:
         """Send ``spec``: HTTP retries, inside the submission loop unless ``loop=False``.
@@ -437,10 +451,14 @@ class Session:
         transport = self._transport
         assert transport is not None
         send = self.hedged_send(transport) if hedge else None
+        tenant = self._limiter.tenant if self._limiter is not None else None
         if not loop:
-            return send_with_retries(transport, spec, send=send)
+            # No submission loop, but the tenant's circuit still parks (or fails fast) it.
+            self.submission_retry(f"{spec.method} {spec.path}").gate()
+            return send_with_retries(transport, spec, send=send, tenant=tenant)
         return self.retry_loop(
-            lambda: send_with_retries(transport, spec, send=send), f"{spec.method} {spec.path}"
+            lambda: send_with_retries(transport, spec, send=send, tenant=tenant),
+            f"{spec.method} {spec.path}",
         )
 
     def hedged_send(self, transport: Transport) -> Callable[[RequestSpec, int], Reply]:
@@ -597,6 +615,7 @@ class Session:
                 return
             self._closed = True
             listeners = list(self._close_listeners)
+        self.health.closing = True
         if self._transport is not None and not self.in_forked_child():
             # Polls held by the server would keep their sockets and threads until the hold
             # ends; they see the client closed as soon as their request fails.

@@ -278,6 +278,7 @@ class Transport:
             duration=duration,
             attempt=attempt,
             error=error,
+            idempotency_key=spec.logical_key or spec.idempotency_key,
         )
 
     def emit(self, kind: str, **data: Any) -> None:

@@ -134,6 +134,9 @@ class RequestSpec:
       carries it into pool threads.
     * ``expect``: ``"proto"`` sends ``Accept: application/x-protobuf``; informative otherwise.
     * ``max_retries``: HTTP-level retry override (None = the client's ``max_retries``).
+    * ``logical_key``: what one logical request is, for the tenant's circuit breaker
+      (docs/health.md): polls of one future share their request id; default the
+      idempotency key.
     * ``follow_redirects``: False returns a 3xx reply as is (the checkpoint archive endpoint
       answers 302 to a signed URL that the downloader fetches itself, docs/downloads.md).
 
@@ -153,6 +156,7 @@ class RequestSpec:
     sdk_method: str | None = attrs.field(factory=_default_sdk_method)
     expect: Expect = "json"
     max_retries: int | None = None
+    logical_key: str | None = None
     follow_redirects: bool = True
 
     def __attrs_post_init__(self) -> None:
