@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from waiting import until  # tests/waiting.py
 
 import tinker_sync
 from tinker_sync import types
@@ -82,16 +83,6 @@ def make_client() -> Iterator[Callable[..., tinker_sync.ServiceClient]]:
     yield make
     for client in made:
         client.close()
-
-
-def until(predicate: Callable[[], bool], timeout: float = HANG) -> None:
-    """Wait for a state (not a duration); fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    event = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached within the hang guard")
-        event.wait(0.005)
 
 
 def hold(srv: LocalServer) -> None:

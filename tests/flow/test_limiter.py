@@ -5,12 +5,11 @@ docs/design/behavior.md#shared-backoff)."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from signal_points import interrupt_at  # tests/signal_points.py
+from waiting import until  # tests/waiting.py
 
 from tinker_sync._config import normalize_base_url
 from tinker_sync._flow.limiter import (
@@ -105,15 +104,6 @@ class Tickets:
     def done(self, name: str) -> None:
         self.limiter.release(self.tickets[name])
         self.limiter.sender_done(self.tickets[name])
-
-
-def until(predicate: Callable[[], bool]) -> None:
-    """Wait for a state (not a duration); fail after the hang guard."""
-    deadline = time.monotonic() + HANG
-    pause = threading.Event()
-    while not predicate():
-        assert time.monotonic() < deadline, "state not reached within the hang guard"
-        pause.wait(0.002)
 
 
 def sdk_threads() -> set[str]:

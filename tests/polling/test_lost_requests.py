@@ -8,12 +8,12 @@ the test moves virtual time past LOST_PROBE_AFTER_S, so the counts below are exa
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from waiting import until  # tests/waiting.py
 
 import tinker_sync
 from tinker_sync import types
@@ -28,14 +28,6 @@ from tinker_sync.local import LocalServer
 HANG = 60.0
 PROMPT = types.ModelInput.from_ints([1, 2, 3])
 PARAMS = types.SamplingParams(max_tokens=3)
-
-
-def until(predicate: Callable[[], bool], timeout: float = HANG) -> None:
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached within the hang guard"
-        pause.wait(0.005)
 
 
 class Rig:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from waiting import until  # tests/waiting.py
 
 import tinker_sync
 from tinker_sync import types
@@ -133,14 +134,6 @@ def make_rig() -> Iterator[Callable[..., Rig]]:
         rig.close()
         srv.stop()
     reset_limiters()
-
-
-def until(predicate: Callable[[], bool], timeout: float = HANG) -> None:
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached within the hang guard"
-        pause.wait(0.005)
 
 
 # ------------------------------------------------------------------- the official poller cases
