@@ -45,6 +45,7 @@ from tinker_sync._flow.limiter import Limiter, limiter_for
 from tinker_sync._flow.retry import (
     BillingPause,
     SubmissionRetry,
+    classify,
     send_with_retries,
     submission_loop,
 )
@@ -453,9 +454,17 @@ class Session:
         send = self.hedged_send(transport) if hedge else None
         tenant = self._limiter.tenant if self._limiter is not None else None
         if not loop:
-            # No submission loop, but the tenant's circuit still parks (or fails fast) it.
-            self.submission_retry(f"{spec.method} {spec.path}").gate()
-            return send_with_retries(transport, spec, send=send, tenant=tenant)
+            # No submission loop, but the tenant's circuit still parks (or fails fast) it; and
+            # a failure whose HTTP retry the open circuit refused waits for the probe here and
+            # is sent again, as in the loop (bounded by stall_timeout: docs/health.md).
+            gate = self.submission_retry(f"{spec.method} {spec.path}")
+            while True:
+                gate.gate()
+                try:
+                    return send_with_retries(transport, spec, send=send, tenant=tenant)
+                except Exception as exc:
+                    if tenant is None or not classify(exc).retryable or not tenant.is_open():
+                        raise
         return self.retry_loop(
             lambda: send_with_retries(transport, spec, send=send, tenant=tenant),
             f"{spec.method} {spec.path}",
