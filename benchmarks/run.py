@@ -1110,6 +1110,37 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _fmt_unit(value: float | None, unit: str) -> str:
+    """A median with its unit, for the README (``669 samples/s``, ``1.08 ms``)."""
+    if value is None:
+        return ""
+    return f"{_fmt(value)} {unit}".strip()
+
+
+def format_markdown(rows: list[dict[str, Any]]) -> str:
+    """README's table from a run's JSON rows: medians with units, both ratios, the goal and its
+    verdict (✓ met, ✗ not met), so the table is copied from a run, never typed.
+
+    Usage: ``python benchmarks/run.py --markdown benchmarks/results/full.json``."""
+    lines = [
+        "| row | what it measures | tinker_sync | official 0.38.0 | limit | ÷ official "
+        "| ÷ limit | goal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        verdict = {True: " ✓", False: " ✗", None: ""}[r["met"]]
+        cells = [
+            r["id"],
+            r["name"],
+            *(_fmt_unit(r[c], r["unit"]) for c in ("ours", "official", "limit")),
+            "" if r.get("ratio_official") is None else _fmt(r["ratio_official"]),
+            "" if r.get("ratio_limit") is None else _fmt(r["ratio_limit"]),
+            (r["goal"] or "") + verdict,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0],
@@ -1124,6 +1155,12 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON output (default results/<mode>.json; with --only results/only/<mode>-<ids>.json)",
     )
     parser.add_argument("--only", help="comma-separated row ids (e.g. P1,P7)")
+    parser.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="JSON",
+        help="print README's markdown table from a run's JSON file and exit (runs nothing)",
+    )
     parser.add_argument(
         "--telemetry",
         choices=("off", "on"),
@@ -1141,6 +1178,9 @@ def main(argv: list[str] | None = None) -> int:
         help="also profile these rows (comma-separated ids), met or not",
     )
     args = parser.parse_args(argv)
+    if args.markdown is not None:
+        print(format_markdown(json.loads(args.markdown.read_text())["rows"]))
+        return 0
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     TELEMETRY["value"] = "1" if args.telemetry == "on" else "0"
     sizes = SIZES[mode]

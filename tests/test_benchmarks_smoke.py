@@ -125,6 +125,21 @@ def test_build_row_medians_ratio_and_verdict() -> None:
     assert row["ours"] is None and row["met"] is None
 
 
+def test_readme_markdown_comes_from_the_rows(tmp_path: Path, capsys: Any) -> None:
+    p1 = run.ROWS[0]
+    sizes = _common.SIZES["quick"]
+    met = run.build_row(p1, _results([200.0], [80.0], [250.0]), sizes)
+    missed = run.build_row(p1, _results([200.0], [80.0], [251.0]), sizes)
+    table = run.format_markdown([met, missed]).splitlines()
+    assert len(table) == 4 and table[0].startswith("| row |")
+    assert table[2].startswith("| P1 | ") and "| 200 samples/s | 80.00 samples/s |" in table[2]
+    assert table[2].endswith("✓ |") and table[3].endswith("✗ |")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"rows": [met]}))
+    assert run.main(["--markdown", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == table[:3]
+
+
 def test_the_raw_limit_mirrors_tinker_syncs_thread_counts() -> None:
     groups = {
         "tinker_sync-sample-submit": 32,
