@@ -24,6 +24,7 @@ CLIENTS = {
     "RestClient",
     "APIFuture",
     "PendingFuture",
+    "TenantState",
 }
 COMPAT = {"BackcompatTrainingClientFuture", "BackcompatSamplingClientFuture"}
 CONFIG = {"RetryConfig", "Timeout", "RequestOptions", "HealthPolicy"}

@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "RestClient": "tinker_sync.rest_client",
     "APIFuture": "tinker_sync._futures",
     "PendingFuture": "tinker_sync._flow.health",
+    "TenantState": "tinker_sync._flow.health",
     "BackcompatTrainingClientFuture": "tinker_sync.training_client",
     "BackcompatSamplingClientFuture": "tinker_sync.sampling_client",
     # config
@@ -181,6 +182,7 @@ __all__ = [
     "ServiceClient",
     "StalledError",
     "StopReason",
+    "TenantState",
     "TensorData",
     "TensorDtype",
     "Timeout",
@@ -222,6 +224,7 @@ if TYPE_CHECKING:  # pragma: no cover - static view of the lazy names
     from tinker_sync._config import RequestOptions as RequestOptions
     from tinker_sync._config import Timeout as Timeout
     from tinker_sync._flow.health import PendingFuture as PendingFuture
+    from tinker_sync._flow.health import TenantState as TenantState
     from tinker_sync._futures import (
         APIFuture as APIFuture,
     )

@@ -6,6 +6,7 @@ Usage::
     out = fut.result()                      # blocks; result(timeout) never cancels server work
     concurrent.futures.wait([fut, fut2])    # a real concurrent.futures.Future
     out = await fut                         # also awaitable
+    live = fut.liveness()                   # while pending: attempts, queue state, last answer
 
 Thread safety: safe to share between threads; completion happens on SDK threads, outside every
 SDK lock, and callbacks run on the completing thread. Exit: when the interpreter starts to exit,
@@ -26,6 +27,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from tinker_sync._flow.health import Health, PendingFuture, pending_entry, tenant_state
 from tinker_sync._runtime.causes import signal_exception
 from tinker_sync._runtime.clock import register_exit_callback
 from tinker_sync._runtime.fork import SignalSafeCondition, register_after_fork
@@ -107,6 +109,37 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
 
     def _set_request_ids(self, request_ids: tuple[str, ...]) -> None:
         self._request_ids = request_ids
+
+    # ---------------------------------------------------------------- liveness
+
+    def liveness(self) -> PendingFuture | None:
+        """What this call last heard from the server while it is pending; None once done.
+
+        Usage::
+
+            live = fut.liveness()
+            if live is not None and live.last_answer_age is not None:
+                print(live.attempts, live.queue_state, live.last_answer,
+                      f"{live.last_answer_age:.0f} s ago", live.tenant.state)
+
+        The same :class:`~tinker_sync.PendingFuture` as this call's entry in
+        ``ServiceClient.pending()``: attempts, last status, queue state, the server's last
+        answer and its time, and the tenant's health (docs/health.md#liveness).
+        """
+        if self.done():
+            return None
+        kind = self._description or "call"
+        rid = self.request_id
+        age = time.monotonic() - self._created
+        owner = getattr(self, "_owner", None)
+        health = getattr(getattr(owner, "_session", owner), "health", None)  # REST: the client
+        if not isinstance(health, Health):
+            return PendingFuture(kind, rid, age, 0, None if rid else "submitting", None)
+        ids = self._request_ids
+        records = {p.request_id: p for p in health.tracked() if p.request_id in ids}
+        found = [records[r] for r in ids if r in records]
+        tenant = tenant_state(health.tenant, health.url)
+        return pending_entry(kind, rid, age, found, health.clock, tenant, submitting=rid is None)
 
     def __repr__(self) -> str:
         state = self._state.lower()

@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tinker_sync import _pending
 from tinker_sync._config import ClientConfig, HealthPolicy, Timeout, normalize_base_url
-from tinker_sync._flow.health import PendingFuture, summarize
+from tinker_sync._flow.health import (
+    PendingFuture,
+    TenantState,
+    pending_entry,
+    summarize,
+    tenant_state,
+)
 from tinker_sync._futures import APIFuture
 from tinker_sync._polling.decide import Decision
 from tinker_sync._polling.loop import Poll
@@ -166,11 +172,15 @@ class ServiceClient:
         """Every call of this client (and its RestClient) that has not finished, oldest first.
 
         Each entry has ``kind``, ``request_id``, ``age`` (s), ``attempts``, ``last_status``
-        (e.g. ``"HTTP 503"``, ``"APIConnectError"``, ``"try_again"``) and ``queue_state``
-        (e.g. ``"paused_rate_limit"``): the answer to "why is my run stuck?"::
+        (e.g. ``"HTTP 503"``, ``"APIConnectError"``, ``"try_again"``), ``queue_state``
+        (e.g. ``"paused_rate_limit"``), the server's last answer (``last_answer``) with when
+        (``last_answer_at``, wall clock) and how long ago (``last_answer_age``, s), and
+        ``tenant``: the tenant's health (:meth:`health`), one snapshot shared by every entry.
+        The answer to "why is my run stuck?" (docs/health.md#liveness)::
 
             for p in service.pending():
-                print(p.kind, p.request_id, f"{p.age:.0f}s", p.last_status, p.queue_state)
+                print(p.kind, p.request_id, f"{p.age:.0f}s", p.last_answer, p.queue_state,
+                      p.tenant.state)
         """
         from tinker_sync._futures import pending_futures
 
@@ -180,6 +190,8 @@ class ServiceClient:
             sessions.append(self._rest._session)
             owners.append(self._rest)
         progress = {p.request_id: p for s in sessions for p in s.health.tracked()}
+        tenant = self.health()
+        clock = self._session.health.clock
         now = time.monotonic()
         out: list[PendingFuture] = []
         for fut in pending_futures():
@@ -187,30 +199,29 @@ class ServiceClient:
                 continue
             rid = fut.request_id
             found = [progress.pop(r) for r in fut.request_ids if r in progress]
-            last = found[-1] if found else None
-            out.append(
-                PendingFuture(
-                    kind=fut._description or "call",
-                    request_id=rid,
-                    age=now - fut._created,
-                    attempts=sum(p.attempts for p in found),
-                    last_status=last.last_status if last else (None if rid else "submitting"),
-                    queue_state=last.queue_state if last else None,
-                )
-            )
+            kind = fut._description or "call"
+            age = now - fut._created
+            out.append(pending_entry(kind, rid, age, found, clock, tenant, submitting=not rid))
         for p in progress.values():  # polls without a future (blocking creation calls)
-            out.append(
-                PendingFuture(
-                    kind=p.kind,
-                    request_id=p.request_id,
-                    age=now - p.started,
-                    attempts=p.attempts,
-                    last_status=p.last_status,
-                    queue_state=p.queue_state,
-                )
-            )
+            out.append(pending_entry(p.kind, p.request_id, now - p.started, [p], clock, tenant))
         out.sort(key=lambda p: -p.age)
         return out
+
+    def health(self) -> TenantState:
+        """The health of this client's tenant (its base URL and API key): the circuit's state,
+        since when and why, the next probe, parked requests, the retry budget, paused queues.
+
+        Usage::
+
+            h = service.health()
+            if h.state != "closed":
+                print(f"the server is failing since {h.open_for:.0f} s: {h.reason}")
+
+        One consistent snapshot; it never holds the API key. Before this client's first
+        request it knows nothing yet: ``"closed"``, nothing counted (docs/health.md#liveness).
+        """
+        health = self._session.health
+        return tenant_state(health.tenant, health.url)
 
     def _describe_pending(self) -> str:
         return summarize([p.kind for p in self.pending()])

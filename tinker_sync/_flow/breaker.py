@@ -329,7 +329,9 @@ class TenantHealth:
             return {
                 "state": self._state,
                 "since": self.opened_wall,
+                "open_for": None if self.opened_at is None else now - self.opened_at,
                 "reason": self.reason,
+                "last_failure": self.last_failure,
                 "tokens": self.tokens,
                 "successes": self.successes,
                 "failures": self.failures,

@@ -34,9 +34,9 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from tinker_sync._runtime.clock import Clock, exiting
 from tinker_sync._runtime.fork import make_lock
@@ -55,8 +55,11 @@ __all__ = [
     "PendingFuture",
     "Progress",
     "StallWatch",
+    "TenantState",
     "describe_failure",
     "is_unhealthy_status",
+    "pending_entry",
+    "tenant_state",
 ]
 
 if TYPE_CHECKING:
@@ -97,6 +100,13 @@ class Progress:
     attempts: int = 0
     last_status: str | None = None
     queue_state: str | None = None
+    #: The server's last answer: (what it said, wall time, monotonic time) on the SDK clock;
+    #: one tuple, replaced whole, so that a reader never mixes two answers.
+    answer: tuple[str, float, float] | None = None
+
+    def answered(self, what: str, clock: Clock) -> None:
+        """Record an answer of the server (any HTTP status) at this moment of ``clock``."""
+        self.answer = (what, clock.time(), clock.monotonic())
 
 
 class ProgressSource(Protocol):
@@ -106,13 +116,62 @@ class ProgressSource(Protocol):
 
 
 @dataclass(frozen=True)
+class TenantState:
+    """Health of the tenant (base URL and API key) a client talks to, at one moment.
+
+    Usage::
+
+        h = service.health()                       # also on every service.pending() entry
+        if h.state != "closed":
+            print(f"failing for {h.open_for:.0f} s: {h.reason}; next probe in {h.next_probe_in}")
+
+    ``state``: ``"closed"`` (requests flow), ``"open"`` (the server is failing: requests wait
+    and one probe at a time goes out) or ``"half_open"`` (a probe is due or out); ``since``
+    (wall-clock seconds, as ``time.time()``) and ``open_for`` (seconds) say since when it is
+    not closed, ``reason`` why (both None / ``""`` while closed); ``last_failure`` is the last
+    server-wide failure seen (``"HTTP 503"``, ``"APIConnectError"``, ...; ``""`` if none);
+    ``next_probe_in`` the seconds until the next probe may go out (None unless open);
+    ``parked`` the requests waiting for the circuit; ``retry_tokens`` of ``retry_capacity``
+    the retry budget left; ``paused`` maps a queue (``"sampling"``, ``"training"``) to the
+    paused state the server declared for it; ``opens`` and ``probes`` count since the tenant
+    was first used in this process. ``base_url`` has user info and secrets removed; the API
+    key is never part of it (docs/health.md#liveness).
+    """
+
+    base_url: str
+    state: Literal["closed", "open", "half_open"]
+    since: float | None = None
+    open_for: float | None = None
+    reason: str = ""
+    last_failure: str = ""
+    next_probe_in: float | None = None
+    parked: int = 0
+    retry_tokens: int = 0
+    retry_capacity: int = 0
+    paused: Mapping[str, str] = field(default_factory=dict, hash=False)
+    opens: int = 0
+    probes: int = 0
+
+
+@dataclass(frozen=True)
 class PendingFuture:
-    """One entry of :meth:`ServiceClient.pending`: a call that has not finished yet.
+    """What a call that has not finished yet last heard: an entry of
+    :meth:`ServiceClient.pending`, or ``future.liveness()``.
+
+    Usage::
+
+        for p in service.pending():
+            print(p.kind, p.request_id, p.attempts, p.last_answer, p.last_answer_age, p.queue_state)
 
     ``kind`` (``"ForwardBackward"``, ``"Sample"``, ``"CreateModel"``, ...), ``request_id``
     (None until the server accepted it), ``age`` (seconds since it started), ``attempts``
-    (polls or sends so far), ``last_status`` (``"HTTP 503"``, ``"APIConnectError"``,
-    ``"try_again"``, ...), ``queue_state`` (e.g. ``"paused_rate_limit"``; None if never told).
+    (polls or sends so far), ``last_status`` (the last attempt's outcome: ``"HTTP 503"``,
+    ``"APIConnectError"``, ``"try_again"``, ...), ``queue_state`` (e.g.
+    ``"paused_rate_limit"``; None if never told). ``last_answer`` is what the server last
+    answered it (``"try_again"``, ``"HTTP 503: <the server's words>"``, ...; a transport error
+    is no answer), ``last_answer_at`` when (wall-clock seconds, as ``time.time()``) and
+    ``last_answer_age`` how many seconds ago (all None before the first answer to a poll).
+    ``tenant`` is the health of its tenant (:class:`TenantState`) in the same snapshot.
     """
 
     kind: str
@@ -121,6 +180,72 @@ class PendingFuture:
     attempts: int
     last_status: str | None
     queue_state: str | None
+    last_answer: str | None = None
+    last_answer_at: float | None = None
+    last_answer_age: float | None = None
+    tenant: TenantState | None = None
+
+
+def tenant_state(tenant: TenantHealth | None, url: str) -> TenantState:
+    """The public snapshot of ``tenant`` (read under its lock once); a closed state with
+    nothing counted when the client has not met its tenant yet (no request made)."""
+    if tenant is None:
+        return TenantState(base_url=scrub(url), state="closed")
+    snap = tenant.snapshot()
+    state = snap["state"]
+    assert state in ("closed", "open", "half_open")
+    return TenantState(
+        base_url=tenant.url,
+        state=state,
+        since=_opt_float(snap["since"]),
+        open_for=_opt_float(snap.get("open_for")),
+        reason=str(snap["reason"]),
+        last_failure=str(snap.get("last_failure", "")),
+        next_probe_in=_opt_float(snap["next_probe_in"]),
+        parked=_int(snap["waiting"]),
+        retry_tokens=_int(snap["tokens"]),
+        retry_capacity=tenant.policy.retry_capacity,
+        paused=dict(cast("dict[str, str]", snap["paused"])),
+        opens=_int(snap["opens"]),
+        probes=_int(snap["probes"]),
+    )
+
+
+def _opt_float(value: object) -> float | None:
+    return None if value is None else float(cast(float, value))
+
+
+def _int(value: object) -> int:
+    return int(cast(int, value))
+
+
+def pending_entry(
+    kind: str,
+    request_id: str | None,
+    age: float,
+    found: list[Progress],
+    clock: Clock,
+    tenant: TenantState | None,
+    *,
+    submitting: bool = False,
+) -> PendingFuture:
+    """The :class:`PendingFuture` of a call whose requests' progress records are ``found``
+    (in request order; empty before its first poll). ``submitting``: not accepted yet."""
+    last = found[-1] if found else None
+    answers = [p.answer for p in found if p.answer is not None]
+    answer = max(answers, key=lambda a: a[2]) if answers else None
+    return PendingFuture(
+        kind=kind,
+        request_id=request_id,
+        age=age,
+        attempts=sum(p.attempts for p in found),
+        last_status=last.last_status if last else ("submitting" if submitting else None),
+        queue_state=last.queue_state if last else None,
+        last_answer=answer[0] if answer else None,
+        last_answer_at=answer[1] if answer else None,
+        last_answer_age=max(0.0, clock.monotonic() - answer[2]) if answer else None,
+        tenant=tenant,
+    )
 
 
 class StallWatch:

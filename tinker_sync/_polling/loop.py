@@ -18,8 +18,8 @@ bounded by time (``poll_timeout``), never by an iteration count
 
 A poll loop that gets no useful answer (only connection errors, timeouts and 5xx) for the
 client's ``stall_timeout`` (default 600 s) fails with StalledError naming the last status and
-the server's last words; each loop records its attempts, last status and queue state for
-``ServiceClient.pending()``.
+the server's last words; each loop records its attempts, last status, queue state and the
+server's last answer with its time for ``ServiceClient.pending()`` and ``future.liveness()``.
 
 ``poll_timeout`` (default None: unbounded, as in the official SDK) runs on the session Clock;
 on expiry ``on_done`` gets a TimeoutError chained (``__cause__``) to the last poll error. It
@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tinker_sync._flow.breaker import Turn
-from tinker_sync._flow.health import StallWatch
+from tinker_sync._flow.health import StallWatch, describe_failure
 from tinker_sync._flow.limiter import PAUSED_QUEUE_BACKOFF_S, Stopped
 from tinker_sync._polling.decide import Action, Decision, PollCounters, decide_reply
 from tinker_sync._polling.decide import decide_transport_error as _transport_error
@@ -53,6 +53,7 @@ from tinker_sync._transport import Pool, Reply, RequestSpec, emit_hook
 from tinker_sync.exceptions import (
     APIConnectionError,
     APIResponseValidationError,
+    APIStatusError,
     APITimeoutError,
     ClientClosedError,
     StalledError,
@@ -60,6 +61,15 @@ from tinker_sync.exceptions import (
 
 T = TypeVar("T")
 log = logging.getLogger("tinker_sync.polling")
+
+
+def _answer_words(status: int, decision: Decision) -> str:
+    """A poll's answer for liveness: ``"try_again"``, ``"HTTP 503: <the server's words>"``."""
+    if isinstance(decision.exc, APIStatusError):
+        return describe_failure(decision.exc)
+    if decision.action is Action.PENDING and decision.reason == "try_again":
+        return "try_again"
+    return f"HTTP {status}"
 
 
 class _Parked(Exception):
@@ -321,6 +331,8 @@ class Poll:
             if decision.queue_state:
                 self.progress.queue_state = decision.queue_state
                 self.progress.last_status = decision.reason or self.progress.last_status
+            if status is not None:  # the server answered (a transport error is no answer)
+                self.progress.answered(_answer_words(status, decision), clock)
             if status is not None and status < 500:
                 self.stall.useful()
             elif decision.action is Action.RETRY and decision.exc is not None:

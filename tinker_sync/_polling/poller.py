@@ -54,7 +54,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tinker_sync._config import Timeout
-from tinker_sync._flow.health import Progress, StallWatch
+from tinker_sync._flow.health import Progress, StallWatch, describe_failure
 from tinker_sync._flow.retry import BILLING_PAUSE_S, classify
 from tinker_sync._polling.decide import lost_decision
 from tinker_sync._polling.hold import HOLD_HEADER
@@ -123,10 +123,13 @@ class SessionFuturesPoller:
         self._lock = make_lock()
         self._cond = make_condition(self._lock)
         self._waiters: dict[str, Waiter] = {}
-        #: Per waiter: the poll count and monotonic time when it registered (for pending()).
-        self._joined: dict[str, tuple[int, float]] = {}
+        #: Per waiter: the poll count, monotonic time and session-clock time when it registered
+        #: (for pending()).
+        self._joined: dict[str, tuple[int, float, float]] = {}
         #: What the last poll saw ("HTTP 200", "HTTP 503", "APIConnectError", ...).
         self._last_status: str | None = None
+        #: The server's last answer to a poll: (what, wall time, session-clock time), one tuple.
+        self._answer: tuple[str, float, float] | None = None
         self._completions: dict[str, dict[str, Any]] = {}
         #: Cancelled request ids whose completion may still arrive (then dropped).
         self._forgotten: dict[str, None] = {}
@@ -169,7 +172,8 @@ class SessionFuturesPoller:
                 else:
                     failure = None
                     self._waiters[request_id] = waiter
-                    self._joined[request_id] = (self.polls, time.monotonic())
+                    joined = self.session.clock.monotonic()
+                    self._joined[request_id] = (self.polls, time.monotonic(), joined)
                     self._probed[request_id] = self.session.clock.monotonic()
                     self.parked.clear()
                     self._ensure_thread()
@@ -208,12 +212,20 @@ class SessionFuturesPoller:
 
     def progress(self) -> list[Progress]:
         """For :meth:`ServiceClient.pending`: each waiting sample, the polls sent since it
-        registered (``attempts``) and what the last poll saw (``last_status``)."""
+        registered (``attempts``), what the last poll saw (``last_status``) and the server's
+        last answer to a poll since it registered (``answer``)."""
         with self._lock:
-            polls, status = self.polls, self._last_status
+            polls, status, answer = self.polls, self._last_status, self._answer
             return [
-                Progress("Sample", rid, started=since, attempts=polls - base, last_status=status)
-                for rid, (base, since) in self._joined.items()
+                Progress(
+                    "Sample",
+                    rid,
+                    started=since,
+                    attempts=polls - base,
+                    last_status=status,
+                    answer=answer if answer is not None and answer[2] >= joined else None,
+                )
+                for rid, (base, since, joined) in self._joined.items()
             ]
 
     @property
@@ -314,9 +326,12 @@ class SessionFuturesPoller:
                     )
                     reply = self.session.transport.send_once(spec)
                 self._last_status = f"HTTP {reply.status}"
+                error = error_from_reply(reply) if reply.status >= 400 else None
+                words = describe_failure(error) if error is not None else self._last_status
+                self._answer = (words, clock.time(), clock.monotonic())
                 hold.learn(reply.headers)
-                if reply.status >= 400:
-                    raise error_from_reply(reply)
+                if error is not None:
+                    raise error
                 completions, cursor = _parse(reply.json())
             except Exception as exc:
                 if not isinstance(exc, APIStatusError):  # a status is recorded above
