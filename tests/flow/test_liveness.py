@@ -204,9 +204,11 @@ def test_no_snapshot_holds_the_api_key(server: LocalServer) -> None:
         fut = training.optim_step(types.AdamParams())
         until(lambda: live(fut).queue_state is not None)
         things = [service.health(), live(fut), *service.pending()]
+        identity = service._session.config.credentials.identity  # the key's hash
         for thing in things:
-            assert server.api_key not in repr(thing)
-            assert server.api_key.encode() not in pickle.dumps(thing)
+            for secret in (server.api_key, identity):
+                assert secret not in repr(thing)
+                assert secret.encode() not in pickle.dumps(thing)
     finally:
         server.resume()
     fut.result(HANG)

@@ -1,4 +1,5 @@
-"""Visible, bounded waits: the "cannot reach the server" warning, stall deadlines, pending().
+"""Visible, bounded waits: the "cannot reach the server" warning, stall deadlines, pending(),
+liveness (docs/health.md#liveness).
 
 Usage (inside the SDK)::
 
@@ -8,6 +9,8 @@ Usage (inside the SDK)::
     progress = health.track("req-1", "ForwardBackward")   # poll loops record what they see
     progress.attempts += 1; health.forget("req-1")
     health.watch(poller)                         # tracked() adds poller.progress() (a weak ref)
+    progress.answered("try_again", clock)        # the server's last answer and its time
+    entry = pending_entry(kind, rid, age, [progress], clock, tenant_state(health.tenant, url))
     watch = StallWatch(clock, 600.0, "forward_backward")  # one per pending call or poll loop
     watch.useful()                               # an answer that is not a failure
     err = watch.unhealthy(exc)                   # a StalledError once 600 s passed, else None
