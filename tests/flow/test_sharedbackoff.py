@@ -32,7 +32,7 @@ URL, IDENTITY = "https://tinker.example", "ab" * 32
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     reset_limiters()
-    monkeypatch.setattr(sharedbackoff, "_warned", False)
+    monkeypatch.setattr(sharedbackoff, "_warned", set())
 
 
 def two_processes(clock_a: FakeClock, clock_b: FakeClock) -> tuple[Limiter, Limiter]:

@@ -27,8 +27,17 @@ Logs (logger ``tinker_sync.health``): one WARNING when the circuit opens, one IN
 closes, and while it stays open one INFO summary at most every ``summary_every_s``; probes and
 parked requests are logged at DEBUG only.
 
-Thread safety: every method takes the one lock; listeners and logs run outside it. Fork safety:
-the limiter registry (which owns these) is emptied in a forked child.
+Across processes (``share=True``, the limiter registry's tenants): the circuit's opening, its
+probe schedule, the one probe's lease and its closing are shared with the user's other
+processes of the tenant through :mod:`tinker_sync._flow.sharedcircuit` (docs/health.md#across-
+processes). Each record another process wrote is adopted once (wall times turned into this
+clock's); the probe is taken under the file's lock; while it is not closed, a real-time check
+every :data:`SHARED_CHECK_S` notices another process's answer. Off, or unusable: per process.
+
+Thread safety: every method takes the one lock; listeners and most logs run outside it (the
+lines saying another process opened or closed it are logged under it). Fork safety: the
+limiter registry (which owns these) is emptied in a forked child, and a child's new tenant
+gets its own probe token.
 """
 
 from __future__ import annotations
@@ -37,11 +46,20 @@ import collections
 import enum
 import logging
 import math
+import os
+import random
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 from tinker_sync._config import HealthPolicy
-from tinker_sync._runtime.clock import Clock
+from tinker_sync._flow import sharedbackoff
+from tinker_sync._flow.sharedcircuit import (
+    CircuitRecord,
+    SharedCircuit,
+    open_shared_circuit,
+    plausible,
+)
+from tinker_sync._runtime.clock import REAL_CLOCK, Clock
 from tinker_sync._runtime.executor import call_later
 from tinker_sync._runtime.fork import make_condition, make_lock
 from tinker_sync._runtime.redact import scrub
@@ -60,6 +78,9 @@ WAIT_SLICE_S = 1.0
 #: While the probe is out, a blocked waiter re-checks its stop condition and the probe's lease
 #: this often (real seconds: the probe's answer comes over the network, not from the clock).
 PROBE_WAIT_SLICE_S = 0.5
+#: While the circuit is not closed, the shared record is read again this often (real seconds):
+#: how soon another process's answer (or its probe's end) is noticed here.
+SHARED_CHECK_S = 0.5
 
 
 class Turn(enum.Enum):
@@ -80,7 +101,13 @@ class TenantHealth:
     """Circuit breaker and retry budget of one tenant; see the module docs."""
 
     def __init__(
-        self, key: tuple[str, str], clock: Clock, *, schedule: Schedule = call_later
+        self,
+        key: tuple[str, str],
+        clock: Clock,
+        *,
+        schedule: Schedule = call_later,
+        share: bool = False,
+        directory: str | None = None,
     ) -> None:
         self.key = key
         #: ``schedule(clock, delay, role, fn, *args)``: the executor's timer (tests record it).
@@ -121,6 +148,20 @@ class TenantHealth:
         self._pause_changed = make_condition(self._lock)
         #: Polls waiting for their turn while their queue is paused (tests, pending()).
         self.pause_waiting = 0
+        #: The circuit shared with the user's other processes (module docs): opened on first
+        #: use, in the directory and under the switch read at construction.
+        self._share = share and sharedbackoff.enabled()
+        self._share_dir = directory
+        self._shared: SharedCircuit | None = None
+        #: The record last written or adopted here: each record is honoured once.
+        self._seen: CircuitRecord | None = None
+        self._epoch = 0  # the shared epoch of the last opening known here
+        self._token = (os.getpid() << 32 | random.getrandbits(32)) or 1  # our probe lease
+        self._checking = False  # a shared check is scheduled
+        self._bad_record_logged = False
+        #: Openings and closings adopted from another process (tests, the summary).
+        self.adopted_opens = 0
+        self.adopted_closes = 0
 
     @property
     def state(self) -> str:
@@ -160,6 +201,7 @@ class TenantHealth:
             )
             self._failures.clear()
             if self._state == CLOSED:
+                self._close_shared_record_locked()  # opened by another process: an answer
                 return
             now = self.clock.monotonic()
             opened_at = self.opened_at if self.opened_at is not None else now
@@ -317,9 +359,20 @@ class TenantHealth:
             if self._state != HALF_OPEN or self._probe_sent is None:
                 return
             self._probe_sent = None
+            self._release_lease_locked()
             self._changed.notify_all()
             listeners = list(self._listeners)
         self._notify(listeners)
+
+    def close_shared(self) -> None:
+        """Close the shared circuit file (it is opened again on next use)."""
+        with self._lock:
+            shared, self._shared = self._shared, None
+            if shared is not None:
+                self._share = True
+                self._seen = None
+        if shared is not None:
+            shared.close()
 
     def snapshot(self) -> dict[str, object]:
         """State, counters and budget (tests, pending(), the CLI)."""
@@ -413,6 +466,10 @@ class TenantHealth:
     # ---------------------------------------------------------------- internals (lock held)
 
     def _advance_locked(self, now: float) -> None:
+        self._sync_locked(now)
+        self._step_locked(now)
+
+    def _step_locked(self, now: float) -> None:
         if self._state == OPEN and now >= self._probe_due:
             self._state = HALF_OPEN
             self._probe_sent = None
@@ -423,7 +480,7 @@ class TenantHealth:
         ):
             self.expired_probes += 1
             self._reopen_locked(now)  # the probe got no answer in time: it failed
-            self._advance_locked(now)
+            self._step_locked(now)
 
     def _turn_locked(self, now: float, holder: ProbeHolder | None = None) -> Turn:
         if not self.policy.enabled:
@@ -432,6 +489,8 @@ class TenantHealth:
         if self._state == CLOSED:
             return Turn.SEND
         if self._state == HALF_OPEN and self._probe_sent is None:
+            if not self._claim_probe_locked(now):
+                return Turn.SEND if self._state == CLOSED else Turn.WAIT
             self._probe_sent = now
             if holder is not None:
                 holder.probe = True  # plain stores, one step with taking the probe
@@ -454,13 +513,15 @@ class TenantHealth:
         self._failures.clear()
         self._last_summary = now
         self._schedule_probe_locked(now)
+        self._publish_open_locked(now)
 
     def _reopen_locked(self, now: float) -> None:
         self._failed_probes += 1
         self._state = OPEN
         self._schedule_probe_locked(now)
+        self._publish_reopen_locked(now)
 
-    def _close_locked(self) -> None:
+    def _close_locked(self, *, publish: bool = True) -> None:
         self._state = CLOSED
         self.opened_at = None
         self.opened_wall = None
@@ -471,6 +532,8 @@ class TenantHealth:
         self._probe_gen += 1
         self.tokens = self.policy.retry_capacity
         self._changed.notify_all()
+        if publish:
+            self._publish_close_locked()
 
     def probe_delay(self, failed_probes: int) -> float:
         """Seconds from an opening (or a failed probe) to the next probe."""
@@ -479,11 +542,14 @@ class TenantHealth:
         return base * (1.0 - policy.probe_jitter * self.clock.random())
 
     def _schedule_probe_locked(self, now: float) -> None:
-        delay = self.probe_delay(self._failed_probes)
+        self._schedule_wake_locked(now, self.probe_delay(self._failed_probes))
+
+    def _schedule_wake_locked(self, now: float, delay: float) -> None:
         self._probe_due = now + delay
         self._probe_sent = None
         self._probe_gen += 1
         self._schedule(self.clock, delay, "sample-submit", self._wake, self._probe_gen)
+        self._start_checks_locked()
 
     def _wake(self, gen: int) -> None:
         """Timer: a probe fell due (or a probe's lease ended); wake the parked work."""
@@ -491,6 +557,236 @@ class TenantHealth:
             if gen != self._probe_gen:
                 return
             self._advance_locked(self.clock.monotonic())
+            self._changed.notify_all()
+            listeners = list(self._listeners)
+        self._notify(listeners)
+
+    # ---------------------------------------------------------------- across processes (lock held)
+
+    def _shared_file(self) -> SharedCircuit | None:
+        shared = self._shared
+        if shared is None and self._share and self.policy.enabled:
+            self._share = False  # one attempt per opening; a failure is logged once
+            shared = self._shared = open_shared_circuit(*self.key, directory=self._share_dir)
+        return shared
+
+    def _max_ahead(self) -> float:
+        policy = self.policy
+        return max(policy.probe_max_s, policy.probe_lease_s) + sharedbackoff.MAX_SHARED_WAIT_S
+
+    def _plausible(self, record: CircuitRecord | None, wall: float) -> bool:
+        if record is None:
+            return False
+        if plausible(record, wall, self._max_ahead()):
+            return True
+        if not self._bad_record_logged:
+            self._bad_record_logged = True
+            log.debug("ignoring an implausible shared circuit record of %s", self.url)
+        return False
+
+    def _sync_locked(self, now: float) -> None:
+        """Adopt a record another process wrote since we last looked (honoured once)."""
+        shared = self._shared_file()
+        if shared is None:
+            return
+        record = shared.read()
+        if record is None or record == self._seen:
+            return
+        self._seen = record
+        self._adopt_locked(record, now)
+
+    def _adopt_locked(self, record: CircuitRecord, now: float) -> None:
+        wall = self.clock.time()
+        if not self._plausible(record, wall):
+            return
+        if record.state == CLOSED:
+            if self._state != CLOSED and record.epoch >= self._epoch:
+                self._epoch = record.epoch
+                self.adopted_closes += 1
+                self._close_locked(publish=False)
+                log.info(
+                    "the Tinker server at %s answers again: circuit closed by another process "
+                    "of this tenant; parked requests resume",
+                    self.url,
+                )
+            self._epoch = max(self._epoch, record.epoch)
+            return
+        if record.epoch < self._epoch or (record.epoch == self._epoch and self._state == CLOSED):
+            return  # an opening that was closed here (its closing did not reach the file)
+        if record.epoch > self._epoch or self._state == CLOSED:
+            self._epoch = record.epoch
+            self.opens += 1
+            self.adopted_opens += 1
+            self._state = OPEN
+            self.opened_at = now - max(0.0, wall - record.opened_wall)
+            self.opened_wall = record.opened_wall
+            self.reason = record.reason
+            self._failures.clear()
+            self._last_summary = now
+            log.warning(
+                "the Tinker server at %s is failing (%s): circuit opened by another process "
+                "of this tenant; this tenant's requests wait",
+                self.url,
+                record.reason,
+            )
+        self._follow_locked(record, now, wall)
+
+    def _follow_locked(self, record: CircuitRecord, now: float, wall: float) -> None:
+        """Take an open record's probe schedule (and another process's probe) as ours."""
+        self._failed_probes = record.failed_probes
+        if record.lease_owner == self._token and self._probe_sent is not None:
+            return  # our own probe is out
+        self._state = OPEN
+        if record.probe_out(wall):  # another process's probe: wait for its lease at most
+            self._schedule_wake_locked(now, record.lease_wall - wall)
+        else:
+            self._schedule_wake_locked(now, max(0.0, record.probe_wall - wall))
+        self._step_locked(now)
+
+    def _claim_probe_locked(self, now: float) -> bool:
+        """Take the tenant's one probe across processes (under the file's lock): False when
+        another process's probe is out, its schedule is later, or it closed the circuit."""
+        shared = self._shared_file()
+        if shared is None:
+            return True
+        claimed = False
+
+        def change(current: CircuitRecord | None) -> CircuitRecord | None:
+            nonlocal claimed
+            if current is not None and current != self._seen:
+                self._seen = current
+                self._adopt_locked(current, now)
+                if self._state != HALF_OPEN or self._probe_sent is not None:
+                    return None
+            wall = self.clock.time()
+            if current is not None and current.lease_owner not in (0, self._token):
+                self.expired_probes += 1  # its prober never reported (it crashed, or hangs)
+            claimed = True
+            return self._record_locked(
+                "open", wall, probe_wall=wall, lease_wall=wall + self.policy.probe_lease_s
+            )
+
+        try:
+            written = shared.update(change)
+        except (OSError, ValueError) as exc:  # e.g. the file vanished: per process now
+            log.debug("could not share the circuit of %s: %s", self.url, exc)
+            return True
+        if claimed:
+            self._seen = written
+        return claimed
+
+    def _record_locked(
+        self, state: str, wall: float, *, probe_wall: float = 0.0, lease_wall: float = 0.0
+    ) -> CircuitRecord:
+        return CircuitRecord(
+            state,
+            self._epoch,
+            self._failed_probes,
+            self.opened_wall if self.opened_wall is not None else wall,
+            probe_wall,
+            lease_wall,
+            wall,
+            self._token if lease_wall else 0,
+            self.reason,
+        )
+
+    def _write_locked(self, change: Callable[[CircuitRecord | None], CircuitRecord | None]) -> None:
+        shared = self._shared_file()
+        if shared is None:
+            return
+        try:
+            written = shared.update(change)
+        except (OSError, ValueError) as exc:
+            log.debug("could not share the circuit of %s: %s", self.url, exc)
+            return
+        if written is not None:
+            self._seen = written
+
+    def _publish_open_locked(self, now: float) -> None:
+        def change(current: CircuitRecord | None) -> CircuitRecord | None:
+            wall = self.clock.time()
+            if (
+                current is not None
+                and current.state == OPEN
+                and current.epoch >= self._epoch
+                and current != self._seen
+                and self._plausible(current, wall)
+            ):
+                self._seen = current  # another process opened it first: follow its schedule
+                self._epoch = current.epoch
+                self.opened_at = now - max(0.0, wall - current.opened_wall)
+                self.opened_wall = current.opened_wall
+                self.reason = current.reason
+                self._follow_locked(current, now, wall)
+                return None
+            self._epoch = max(self._epoch, current.epoch if current is not None else 0) + 1
+            return self._record_locked(OPEN, wall, probe_wall=wall + self._probe_due - now)
+
+        self._write_locked(change)
+
+    def _publish_reopen_locked(self, now: float) -> None:
+        def change(current: CircuitRecord | None) -> CircuitRecord | None:
+            wall = self.clock.time()
+            if current is not None and (
+                current.state != OPEN
+                or current.epoch != self._epoch
+                or current.lease_owner not in (0, self._token)
+            ):
+                return None  # closed, reopened or probed elsewhere: adopted at the next look
+            return self._record_locked(OPEN, wall, probe_wall=wall + self._probe_due - now)
+
+        self._write_locked(change)
+
+    def _publish_close_locked(self) -> None:
+        def change(current: CircuitRecord | None) -> CircuitRecord | None:
+            if current is None or current.state != OPEN:
+                return None
+            self._epoch = max(self._epoch, current.epoch)
+            return CircuitRecord(
+                CLOSED,
+                self._epoch,
+                0,
+                current.opened_wall,
+                changed_wall=self.clock.time(),
+                reason=current.reason,
+            )
+
+        self._write_locked(change)
+
+    def _close_shared_record_locked(self) -> None:
+        """A success while closed here: close the record if another process opened it."""
+        shared = self._shared_file()
+        if shared is None:
+            return
+        record = shared.read()
+        if record is not None and record.state == OPEN:
+            self._publish_close_locked()
+
+    def _release_lease_locked(self) -> None:
+        def change(current: CircuitRecord | None) -> CircuitRecord | None:
+            if current is None or current.lease_owner != self._token or current.state != OPEN:
+                return None
+            return self._record_locked(OPEN, self.clock.time(), probe_wall=current.probe_wall)
+
+        if self._shared is not None:
+            self._write_locked(change)
+
+    def _start_checks_locked(self) -> None:
+        if self._checking or self._shared is None:
+            return
+        self._checking = True
+        # Real time: reading another process's answer is no wait the injected clock may skip.
+        self._schedule(REAL_CLOCK, SHARED_CHECK_S, "sample-submit", self._check)
+
+    def _check(self) -> None:
+        """Timer: while not closed, look at the shared record; wake the parked work."""
+        with self._lock:
+            self._checking = False
+            if self._state == CLOSED:
+                return
+            self._advance_locked(self.clock.monotonic())
+            if self._state != CLOSED:
+                self._start_checks_locked()
             self._changed.notify_all()
             listeners = list(self._listeners)
         self._notify(listeners)

@@ -257,7 +257,7 @@ class Limiter:
         #: The tenant's circuit breaker and retry budget (docs/health.md): held tickets start
         #: only while it is closed, or one at a time as its probe. Its wake-ups re-check the
         #: held tickets' stop reasons, then pump.
-        self.tenant = TenantHealth(key, clock)
+        self.tenant = TenantHealth(key, clock, share=self._share, directory=self._share_dir)
         self.tenant.on_change(lambda: self.wake(everything=False))
 
     # ---------------------------------------------------------------- sizing
@@ -496,6 +496,7 @@ class Limiter:
                 self._share = True
         if shared is not None:
             shared.close()
+        self.tenant.close_shared()
 
     def backoff_remaining(self) -> float:
         """Seconds until the deadline (this process's or another's), 0 when passed."""

@@ -38,6 +38,9 @@ import stat
 import struct
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
 
 log = logging.getLogger("tinker_sync.ratelimit")
 
@@ -50,9 +53,9 @@ RECORD_SIZE = _RECORD.size
 #: A shared deadline further ahead than this is garbage (Retry-After is honoured up to 60 s).
 MAX_SHARED_WAIT_S = 61.0
 _READ_ATTEMPTS = 3
-_NEVER_WRITTEN = bytes(RECORD_SIZE)  # a new file: no process has backed off yet
+T = TypeVar("T")
 
-_warned = False
+_warned: set[str] = set()  # what has been logged as per process (once each)
 _warned_lock = threading.Lock()
 
 
@@ -76,10 +79,12 @@ def decode(raw: bytes) -> float | None:
     return float(deadline)
 
 
-def tenant_file_name(normalized_base_url: str, credential_identity: str) -> str:
-    """``<sha256 of url and identity>.backoff`` (the key itself never appears)."""
+def tenant_file_name(
+    normalized_base_url: str, credential_identity: str, suffix: str = ".backoff"
+) -> str:
+    """``<sha256 of url and identity><suffix>`` (the key itself never appears)."""
     digest = hashlib.sha256(f"{normalized_base_url}\n{credential_identity}".encode()).hexdigest()
-    return f"{digest[:40]}.backoff"
+    return f"{digest[:40]}{suffix}"
 
 
 def runtime_dir() -> str | None:
@@ -100,58 +105,60 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _fallback(reason: str) -> None:
-    global _warned
+def _fallback(what: str, reason: str) -> None:
     with _warned_lock:
-        if _warned:
+        if what in _warned:
             return
-        _warned = True
-    log.debug("sampling backoff is per process: %s", reason)
+        _warned.add(what)
+    log.debug("%s is per process: %s", what, reason)
 
 
-class SharedDeadline:
-    """The mapped record of one tenant. Create with :func:`open_shared_deadline`."""
+class MappedRecord:
+    """One tenant file's mapped record: lock-free reads, writes under ``flock``.
 
-    def __init__(self, path: str, fd: int, mapped: mmap.mmap) -> None:
+    Subclasses decode the bytes (:meth:`_read_raw` retries a torn read) and write them inside
+    :meth:`_locked`. Create through :func:`open_tenant_file`.
+    """
+
+    def __init__(self, path: str, fd: int, mapped: mmap.mmap, size: int) -> None:
         self.path = path
         self._fd = fd
         self._map = mapped
+        self._size = size
         self._lock = threading.Lock()  # flock is per open file: serialise our own threads too
 
-    def read(self) -> float | None:
-        """The published wall-clock deadline, or None (absent, torn, corrupt or closed)."""
-        with self._lock:
-            return self._read_locked()
-
-    def _read_locked(self) -> float | None:
+    def _read_raw(self, decode: Callable[[bytes], T | None]) -> T | None:
+        """The decoded record, or None (never written, torn three times, corrupt, closed)."""
         if self._map.closed:
             return None
+        never_written = bytes(self._size)  # a new file: nobody has written yet
         for _ in range(_READ_ATTEMPTS):  # a torn record (a write in progress) is read again
-            raw = self._map[:RECORD_SIZE]
-            if raw == _NEVER_WRITTEN:
+            raw = self._map[: self._size]
+            if raw == never_written:
                 return None
             value = decode(raw)
             if value is not None:
                 return value
         return None
 
-    def publish(self, deadline: float) -> float:
-        """Move the shared deadline to ``deadline`` unless it is later; returns the result."""
+    @contextmanager
+    def _locked(self) -> Iterator[bool]:
+        """Hold our thread lock and the file's ``flock``; yields False once closed."""
         import fcntl
 
         with self._lock:
             if self._map.closed:
-                return deadline
+                yield False
+                return
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
-                current = self._read_locked()
-                # A record implausibly far beyond ours (a clock jump, garbage) is overwritten.
-                if current is not None and deadline <= current <= deadline + MAX_SHARED_WAIT_S:
-                    return current
-                self._map[:RECORD_SIZE] = encode(deadline)
-                return deadline
+                yield True
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _write(self, raw: bytes) -> None:
+        """One slice assignment (inside :meth:`_locked`)."""
+        self._map[: self._size] = raw
 
     def close(self) -> None:
         """Unmap and close the file (idempotent); later reads see nothing."""
@@ -164,28 +171,58 @@ class SharedDeadline:
                 os.close(self._fd)
 
 
-def open_shared_deadline(
-    normalized_base_url: str, credential_identity: str, directory: str | None = None
-) -> SharedDeadline | None:
-    """Open (creating if needed) the tenant's record; None means "per process" (see module).
+class SharedDeadline(MappedRecord):
+    """The mapped deadline record of one tenant. Create with :func:`open_shared_deadline`."""
 
-    ``directory`` defaults to :func:`runtime_dir` read now (the switch is read now too).
+    def read(self) -> float | None:
+        """The published wall-clock deadline, or None (absent, torn, corrupt or closed)."""
+        with self._lock:
+            return self._read_raw(decode)
+
+    def publish(self, deadline: float) -> float:
+        """Move the shared deadline to ``deadline`` unless it is later; returns the result."""
+        with self._locked() as usable:
+            if not usable:
+                return deadline
+            current = self._read_raw(decode)
+            # A record implausibly far beyond ours (a clock jump, garbage) is overwritten.
+            if current is not None and deadline <= current <= deadline + MAX_SHARED_WAIT_S:
+                return current
+            self._write(encode(deadline))
+            return deadline
+
+
+def open_tenant_file(
+    normalized_base_url: str,
+    credential_identity: str,
+    *,
+    suffix: str,
+    size: int,
+    what: str,
+    directory: str | None = None,
+    create: bool = True,
+) -> tuple[str, int, mmap.mmap] | None:
+    """Open (creating if needed) and map ``size`` bytes of a tenant's file in the runtime
+    directory: ``(path, fd, mapping)``, or None when ``what`` stays per process (module docs;
+    the reason is logged once per ``what`` at debug level). The switch is read now.
+    ``create=False`` opens an existing file only (None, and nothing logged, without one).
     """
     if not enabled():
         return None
     try:
         import fcntl  # POSIX only
     except ImportError:
-        _fallback("no fcntl on this platform")
+        _fallback(what, "no fcntl on this platform")
         return None
     if directory is None:
         directory = runtime_dir()
     if directory is None:
-        _fallback("no per-user runtime directory")
+        _fallback(what, "no per-user runtime directory")
         return None
     try:
         try:
-            os.mkdir(directory, 0o700)
+            if create:
+                os.mkdir(directory, 0o700)
         except FileExistsError:
             pass
         info = os.lstat(directory)
@@ -193,22 +230,47 @@ def open_shared_deadline(
             raise OSError(f"{directory} is not a directory")
         if info.st_uid != os.getuid() or info.st_mode & 0o022:
             raise OSError(f"{directory} is not owned by this user or is writable by others")
-        path = os.path.join(directory, tenant_file_name(normalized_base_url, credential_identity))
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(path, flags, 0o600)
+        name = tenant_file_name(normalized_base_url, credential_identity, suffix)
+        path = os.path.join(directory, name)
+        flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        if not create and not os.path.exists(path):
+            return None
+        fd = os.open(path, flags | (os.O_CREAT if create else 0), 0o600)
     except OSError as exc:
-        _fallback(f"cannot use the runtime directory ({exc.strerror or exc})")
+        if not create:
+            return None
+        _fallback(what, f"cannot use the runtime directory ({exc.strerror or exc})")
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            if os.fstat(fd).st_size < RECORD_SIZE:
-                os.ftruncate(fd, RECORD_SIZE)  # zeros: a record that decodes as "absent"
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)  # zeros: a record that decodes as "absent"
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
-        mapped = mmap.mmap(fd, RECORD_SIZE)
+        mapped = mmap.mmap(fd, size)
     except (OSError, ValueError) as exc:
         os.close(fd)
-        _fallback(f"cannot map {os.path.basename(path)} ({exc})")
+        _fallback(what, f"cannot map {os.path.basename(path)} ({exc})")
         return None
-    return SharedDeadline(path, fd, mapped)
+    return path, fd, mapped
+
+
+def open_shared_deadline(
+    normalized_base_url: str, credential_identity: str, directory: str | None = None
+) -> SharedDeadline | None:
+    """Open (creating if needed) the tenant's record; None means "per process" (see module).
+
+    ``directory`` defaults to :func:`runtime_dir` read now (the switch is read now too).
+    """
+    opened = open_tenant_file(
+        normalized_base_url,
+        credential_identity,
+        suffix=".backoff",
+        size=RECORD_SIZE,
+        what="sampling backoff",
+        directory=directory,
+    )
+    if opened is None:
+        return None
+    return SharedDeadline(*opened, RECORD_SIZE)
