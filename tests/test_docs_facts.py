@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tinker_sync import _config, checkpoints
-from tinker_sync._flow import hedge, limiter, retry, sharedbackoff
+from tinker_sync._flow import breaker, hedge, limiter, retry, sharedbackoff, sharedcircuit
 from tinker_sync._polling import decide, hold, poller
 from tinker_sync._runtime import executor
 from tinker_sync._sampling import retry as job_retry
@@ -79,6 +79,9 @@ FACTS: list[Fact] = [
     Fact(r"more than (\d+) s (?:beyond it|ahead)", [sharedbackoff.MAX_SHARED_WAIT_S]),
     Fact(r"(\d+)-byte record", [sharedbackoff.RECORD_SIZE]),
     Fact(r"record is (\d+) bytes", [sharedbackoff.RECORD_SIZE]),
+    Fact(r"(\d+)-byte circuit record", [sharedcircuit.RECORD_SIZE]),
+    Fact(r"reason \(UTF-8, truncated to (\d+) bytes\)", [sharedcircuit.REASON_BYTES]),
+    Fact(r"`SHARED_CHECK_S` \(([\d.]+) s, real time\)", [breaker.SHARED_CHECK_S]),
     Fact(
         r"HELD again after min\(2\^n, (\d+)\) s on the timer \((\d+) s budget\)",
         [retry.HOLDER_MAX_WAIT, retry.HOLDER_BUDGET_S],

@@ -179,10 +179,12 @@ class RestClient:
         *,
         hooks: tuple[Hook, ...] | list[Hook] = (),
         clock: Clock = SYSTEM_CLOCK,
+        loop: bool = True,
     ) -> RestClient:
-        """A client sharing an already resolved config (used by ``ServiceClient``)."""
+        """A client sharing an already resolved config (used by ``ServiceClient``, and by the
+        CLI's ``health --probe`` with ``loop=False``: HTTP-level retries only)."""
         self = cls.__new__(cls)
-        self._setup(config, tuple(hooks), clock)
+        self._setup(config, tuple(hooks), clock, loop=loop)
         return self
 
     def _setup(

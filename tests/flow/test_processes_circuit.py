@@ -176,6 +176,7 @@ def test_the_switch_keeps_the_circuit_per_process(server):
         assert shared_record(server) is None
         assert not list(Path(os.environ["TINKER_SYNC_RUNTIME_DIR"]).glob("*.circuit"))
     finally:
+        server.faults.clear()  # close() in the children is answered
         for child in children:
             child.stop()
 

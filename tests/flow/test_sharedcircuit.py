@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from tinker_sync._runtime.clock import FakeClock
 
 URL, IDENTITY = "https://tinker.example", "cd" * 32
 KEY = (URL, IDENTITY)
+RUN: dict[str, Any] = {"capture_output": True, "text": True, "check": True, "timeout": 60}
 POLICY = HealthPolicy(probe_initial_s=1.0, probe_max_s=4.0, probe_jitter=0.0, probe_lease_s=5.0)
 
 
@@ -175,6 +178,27 @@ def test_a_crashed_probers_lease_expires(procs: list[Process]):
     assert b.tenant.expired_probes == 1
     rec = record()
     assert rec is not None and rec.lease_owner not in (0, a.tenant._token)
+
+
+def test_the_lease_of_a_prober_that_no_longer_exists_ends_at_once(procs: list[Process]):
+    a, b, _ = procs
+    a.open_it()
+    advance(procs, 1.0)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **RUN)
+    wall = a.clock.time()
+    rec = record()
+    assert rec is not None
+    shared = open_shared_circuit(URL, IDENTITY)
+    assert shared is not None
+    shared.update(  # as a process that took the lease and crashed would have left it
+        lambda _: CircuitRecord(
+            "open", rec.epoch, 0, rec.opened_wall, wall, wall + 60.0, wall,
+            int(dead.stdout) << 32 | 1, rec.reason,
+        )
+    )  # fmt: skip
+    shared.close()
+    assert b.tenant.turn() is Turn.PROBE  # not 60 s later
+    assert b.tenant.expired_probes == 1
 
 
 def test_an_abandoned_probe_frees_the_lease_for_another_process(procs: list[Process]):

@@ -637,7 +637,8 @@ class TenantHealth:
         if record.lease_owner == self._token and self._probe_sent is not None:
             return  # our own probe is out
         self._state = OPEN
-        if record.probe_out(wall):  # another process's probe: wait for its lease at most
+        if record.probe_out(wall) and _alive(record.lease_owner):
+            # another process's probe: wait for its answer, for its lease at most
             self._schedule_wake_locked(now, record.lease_wall - wall)
         else:
             self._schedule_wake_locked(now, max(0.0, record.probe_wall - wall))
@@ -825,6 +826,21 @@ class TenantHealth:
                 listener()
             except Exception:
                 log.exception("tenant health listener failed")
+
+
+def _alive(token: int) -> bool:
+    """Whether the process that took a probe lease (its pid: the token's high bits) may still
+    run: False only when no such process exists here (it crashed), so its lease ends now."""
+    pid = token >> 32
+    if pid <= 0 or pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process, or no permission to ask: assume it runs
+        return True
+    return True
 
 
 def _wall(wall: float | None) -> str:

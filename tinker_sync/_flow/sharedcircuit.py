@@ -12,13 +12,13 @@ across all of them, and the first answer in any process closes it for all.
 
 The file sits next to the backoff deadline's (:mod:`tinker_sync._flow.sharedbackoff`: same
 runtime directory, same naming by hashes, same switch ``TINKER_SYNC_SHARED_BACKOFF``), with the
-suffix ``.circuit``. The record is 192 bytes: magic, version, state (closed or open), failed
+suffix ``.circuit``: a 192-byte circuit record of magic, version, state (closed or open), failed
 probes, the opening's epoch (one more at each opening), the opening's, the next probe's, the
 probe lease's and the last change's wall-clock times (processes share no monotonic origin),
 the lease holder's token (0: no probe out), the reason (UTF-8, truncated) and a checksum. A
 half-open circuit is an open record whose probe time has passed. Writers serialise on
 ``flock``; readers take no lock and ignore a torn or corrupt record. A crashed prober's lease
-simply expires. Times implausibly far ahead are the reader's to ignore (:func:`plausible`).
+expires (at once when its pid, the token's high bits, no longer exists). Times implausibly far ahead are the reader's to ignore (:func:`plausible`).
 
 Failing soft as the deadline does: no ``fcntl``/``mmap``, an unusable directory or the switch
 off give None and the circuit is per process (logged once at debug level). Thread safety:
@@ -81,7 +81,7 @@ def _checksum(body: bytes) -> int:
 
 
 def encode(record: CircuitRecord) -> bytes:
-    """The 192-byte form of ``record`` (the reason truncated to whole UTF-8 characters)."""
+    """The encoded ``record`` (its reason truncated to whole UTF-8 characters)."""
     reason = record.reason.encode()[:REASON_BYTES].decode(errors="ignore").encode()
     body = _BODY.pack(
         MAGIC,

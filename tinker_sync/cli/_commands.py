@@ -1,4 +1,4 @@
-"""The ``run``, ``checkpoint``, ``model`` and ``version`` commands of ``tinker-sync``.
+"""The ``run``, ``checkpoint``, ``model``, ``health`` and ``version`` commands of ``tinker-sync``.
 
 Usage: registered by :func:`tinker_sync.cli.build_parser`; each handler takes the parsed
 arguments and a :class:`Context` and returns the exit status.
@@ -577,6 +577,133 @@ def cmd_checkpoint_download(args: argparse.Namespace, ctx: Context) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# health
+# --------------------------------------------------------------------------------------------
+
+HEALTH_PROBE_TIMEOUT_S = 5.0
+"""Default bound of ``health --probe`` (one request, no retry)."""
+
+
+def _wall_time(wall: float | None) -> _dt.datetime | None:
+    if wall is None or wall <= 0:
+        return None
+    return _dt.datetime.fromtimestamp(wall, tz=_dt.timezone.utc)
+
+
+def tenant_health(base_url: str, identity: str, now: float) -> dict[str, Any]:
+    """The shared circuit of one tenant as the CLI shows it (docs/health.md#across-processes):
+    ``state`` closed / open / half_open, ``since``, ``reason``, ``failed_probes``,
+    ``next_probe_in_s``, ``probe_out_until``, ``shared`` (False: sharing is off here)."""
+    from tinker_sync._flow import sharedbackoff
+    from tinker_sync._flow.sharedcircuit import open_shared_circuit
+
+    doc: dict[str, Any] = {
+        "state": "closed",
+        "since": None,
+        "reason": None,
+        "failed_probes": 0,
+        "next_probe_in_s": None,
+        "probe_out_until": None,
+        "shared": sharedbackoff.enabled(),
+    }
+    shared = open_shared_circuit(base_url, identity, create=False) if doc["shared"] else None
+    record = None
+    if shared is not None:
+        try:
+            record = shared.read()
+        finally:
+            shared.close()
+    if record is None:
+        return doc  # no process of this tenant has opened its circuit (or sharing is off)
+    doc["reason"] = record.reason or None
+    if record.state == "closed":
+        doc["since"] = _wall_time(record.changed_wall)
+        return doc
+    doc["since"] = _wall_time(record.opened_wall)
+    doc["failed_probes"] = record.failed_probes
+    if record.probe_out(now):
+        doc["state"] = "half_open"
+        doc["probe_out_until"] = _wall_time(record.lease_wall)
+    else:
+        doc["state"] = "half_open" if now >= record.probe_wall else "open"
+        doc["next_probe_in_s"] = round(max(0.0, record.probe_wall - now), 3)
+    return doc
+
+
+def _probe(ctx: Context, timeout: float) -> dict[str, Any]:
+    """One bounded request (no retry, outside the tenant's circuit: it neither waits for the
+    circuit nor changes it)."""
+    import time
+
+    from tinker_sync._config import ClientConfig, HealthPolicy
+    from tinker_sync._flow.health import describe_failure
+    from tinker_sync.rest_client import RestClient
+
+    config = ClientConfig.from_env(
+        base_url=ctx.base_url,
+        api_key=ctx.api_key,
+        timeout=timeout,
+        max_retries=0,
+        stall_timeout=timeout,
+        health=HealthPolicy(enabled=False),
+    )
+    start = time.monotonic()
+    client = RestClient._from_config(config, loop=False)
+    try:
+        client.get_server_capabilities().result(timeout)
+    except Exception as exc:
+        return {
+            "ok": False,
+            "error": describe_failure(exc),  # "HTTP 503: <the server's words>", scrubbed
+            "elapsed_s": round(time.monotonic() - start, 3),
+        }
+    finally:
+        client.close()
+    return {"ok": True, "error": None, "elapsed_s": round(time.monotonic() - start, 3)}
+
+
+def cmd_health(args: argparse.Namespace, ctx: Context) -> int:
+    import time
+
+    from tinker_sync._config import ClientConfig
+    from tinker_sync._runtime.redact import scrub
+
+    config = ClientConfig.from_env(base_url=ctx.base_url, api_key=ctx.api_key)
+    url = config.normalized_base_url
+    doc: dict[str, Any] = {
+        "base_url": scrub(url),
+        "credential": config.credential_identity[:12],  # a hash's prefix, never the key
+        **tenant_health(url, config.credential_identity, time.time()),
+    }
+    if args.probe:
+        doc["probe"] = _probe(ctx, args.timeout)
+    out = ctx.out
+    out.document(doc)
+    rows = [
+        ["Base URL", doc["base_url"]],
+        ["Credential", f"sha256:{doc['credential']}..."],
+        ["Circuit", doc["state"].replace("_", "-")],
+        ["Since", format_time(doc["since"])],
+    ]
+    if doc["reason"]:
+        rows.append(["Why" if doc["state"] != "closed" else "Last opened for", doc["reason"]])
+    if doc["state"] != "closed":
+        rows.append(["Failed probes", str(doc["failed_probes"])])
+        if doc["probe_out_until"] is not None:
+            rows.append(["Probe out until", format_time(doc["probe_out_until"])])
+        else:
+            rows.append(["Next probe", f"in {doc['next_probe_in_s']:g} s"])
+    if not doc["shared"]:
+        rows.append(["Shared", "no (TINKER_SYNC_SHARED_BACKOFF=0): each process has its own"])
+    probe = doc.get("probe")
+    if probe is not None:
+        answer = "answers" if probe["ok"] else f"no answer: {probe['error']}"
+        rows.append(["Probe", f"{answer} ({probe['elapsed_s']:g} s)"])
+    out.table(["Property", "Value"], rows, title="Tenant health")
+    return 0 if probe is None or probe["ok"] else 1
+
+
+# --------------------------------------------------------------------------------------------
 # model, version
 # --------------------------------------------------------------------------------------------
 
@@ -649,7 +776,7 @@ def _leaf(
 
 
 def register(subparsers: Any, add_common: AddCommon) -> None:
-    """Add ``run``, ``checkpoint``, ``model`` and ``version`` to the main parser."""
+    """Add ``run``, ``checkpoint``, ``model``, ``health`` and ``version`` to the main parser."""
     run = subparsers.add_parser("run", help="inspect training runs", description="Training runs.")
     run_sub = run.add_subparsers(dest="subcommand", metavar="COMMAND")
     run_sub.required = True
@@ -774,4 +901,23 @@ def register(subparsers: Any, add_common: AddCommon) -> None:
         help="only names containing this (case-insensitive)",
     )
 
+    p = _leaf(
+        subparsers,
+        "health",
+        cmd_health,
+        add_common,
+        "show the tenant's circuit (closed, open, half-open) shared by your processes",
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="also send one bounded request (no retry) and say whether the server answers",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive,
+        default=HEALTH_PROBE_TIMEOUT_S,
+        metavar="S",
+        help=f"bound of --probe in seconds (default {HEALTH_PROBE_TIMEOUT_S:g})",
+    )
     _leaf(subparsers, "version", cmd_version, add_common, "print the version")
