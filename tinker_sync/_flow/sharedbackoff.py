@@ -19,7 +19,9 @@ share a monotonic clock origin on every platform) and a checksum. Writers serial
 ``flock`` and write the record with one slice assignment; readers take no lock and ignore a
 torn or corrupt record, so a writer that crashed mid-write costs one lost deadline, never a
 stuck reader. Stale deadlines are simply in the past; deadlines implausibly far ahead
-(:data:`MAX_SHARED_WAIT_S`) are ignored.
+(:data:`MAX_SHARED_WAIT_S`) are ignored. The tenant circuit's record
+(:mod:`tinker_sync._flow.sharedcircuit`, a ``.circuit`` file) uses the same file handling:
+:func:`open_tenant_file` and :class:`MappedRecord`.
 
 Failing soft: no ``fcntl``/``mmap``, a missing or read-only directory, a foreign owner, or
 ``TINKER_SYNC_SHARED_BACKOFF=0`` give None: the backoff is then per process (logged once at
@@ -116,8 +118,8 @@ def _fallback(what: str, reason: str) -> None:
 class MappedRecord:
     """One tenant file's mapped record: lock-free reads, writes under ``flock``.
 
-    Subclasses decode the bytes (:meth:`_read_raw` retries a torn read) and write them inside
-    :meth:`_locked`. Create through :func:`open_tenant_file`.
+    Subclasses decode the bytes (:meth:`_read_raw` retries a torn read) and change them with
+    :meth:`_update` (read-modify-write under the lock). Create through :func:`open_tenant_file`.
     """
 
     def __init__(self, path: str, fd: int, mapped: mmap.mmap, size: int) -> None:
@@ -156,9 +158,24 @@ class MappedRecord:
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _write(self, raw: bytes) -> None:
-        """One slice assignment (inside :meth:`_locked`)."""
-        self._map[: self._size] = raw
+    def _update(
+        self,
+        decode: Callable[[bytes], T | None],
+        encode: Callable[[T], bytes],
+        change: Callable[[T | None], T | None],
+    ) -> T | None:
+        """Under ``flock``: ``change(current)`` gives the value to write (one slice
+        assignment), or None to keep the file as it is. Returns the value the file holds
+        afterwards (None: unreadable, or closed)."""
+        with self._locked() as usable:
+            if not usable:
+                return None
+            current = self._read_raw(decode)
+            new = change(current)
+            if new is None:
+                return current
+            self._map[: self._size] = encode(new)
+            return new
 
     def close(self) -> None:
         """Unmap and close the file (idempotent); later reads see nothing."""
@@ -181,15 +198,15 @@ class SharedDeadline(MappedRecord):
 
     def publish(self, deadline: float) -> float:
         """Move the shared deadline to ``deadline`` unless it is later; returns the result."""
-        with self._locked() as usable:
-            if not usable:
-                return deadline
-            current = self._read_raw(decode)
+
+        def later(current: float | None) -> float | None:
             # A record implausibly far beyond ours (a clock jump, garbage) is overwritten.
             if current is not None and deadline <= current <= deadline + MAX_SHARED_WAIT_S:
-                return current
-            self._write(encode(deadline))
+                return None
             return deadline
+
+        result = self._update(decode, encode, later)
+        return deadline if result is None else result
 
 
 def open_tenant_file(

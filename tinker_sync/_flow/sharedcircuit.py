@@ -148,15 +148,7 @@ class SharedCircuit(MappedRecord):
     ) -> CircuitRecord | None:
         """Under ``flock``: ``change(current)`` returns the record to write, or None to leave
         the file as it is. Returns the record the file holds afterwards (None: unreadable)."""
-        with self._locked() as usable:
-            if not usable:
-                return None
-            current = self._read_raw(decode)
-            new = change(current)
-            if new is None:
-                return current
-            self._write(encode(new))
-            return new
+        return self._update(decode, encode, change)
 
 
 def open_shared_circuit(
