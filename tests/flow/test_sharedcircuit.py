@@ -11,10 +11,12 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import HANG, until  # tests/waiting.py
 
 from tinker_sync import HealthPolicy
 from tinker_sync._flow import sharedbackoff
@@ -153,6 +155,27 @@ def test_the_first_answer_in_any_process_closes_it_for_all(procs: list[Process])
     assert a.tenant.turn() is Turn.WAIT
     rec = record()
     assert rec is not None and rec.state == "open" and rec.epoch == 2
+
+
+def test_waiting_for_another_processs_probe_waits_for_its_answer_not_on_the_clock(
+    procs: list[Process],
+):
+    # On an injected (virtual) clock, a wait on the clock would move time by the whole lease
+    # and spend the waiter's stall budget while the other process's probe is still out.
+    a, b, _ = procs
+    a.open_it()
+    advance(procs, 1.0)
+    assert a.tenant.turn() is Turn.PROBE
+    assert b.tenant.turn() is Turn.WAIT
+    start = b.clock.monotonic()
+    turns: list[Turn] = []
+    waiter = threading.Thread(target=lambda: turns.append(b.tenant.wait_turn(until=start + 5.0)))
+    waiter.start()
+    until(lambda: b.tenant.waiting == 1)
+    a.tenant.success()  # the probe is answered in the other process
+    waiter.join(HANG)
+    assert turns == [Turn.SEND]
+    assert b.clock.monotonic() == start  # no virtual time went by
 
 
 def test_an_answer_in_a_process_that_never_saw_the_opening_closes_it(procs: list[Process]):

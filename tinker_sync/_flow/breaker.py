@@ -158,6 +158,7 @@ class TenantHealth:
         self._epoch = 0  # the shared epoch of the last opening known here
         self._token = (os.getpid() << 32 | random.getrandbits(32)) or 1  # our probe lease
         self._checking = False  # a shared check is scheduled
+        self._remote_probe = False  # another process's probe is out (we wait for its lease)
         self._bad_record_logged = False
         #: Openings and closings adopted from another process (tests, the summary).
         self.adopted_opens = 0
@@ -333,8 +334,11 @@ class TenantHealth:
                     if not counted:
                         counted = True
                         self.waiting += 1
-                    if self._state == HALF_OPEN and self._probe_sent is not None:
-                        # The probe is out: its answer is an event, not a time. Wait for the
+                    if (
+                        self._state == HALF_OPEN and self._probe_sent is not None
+                    ) or self._remote_probe:
+                        # The probe is out (here or in another process): its answer is an
+                        # event, not a time. Wait for the
                         # report (success, failure, abandon) in real time, so that an injected
                         # virtual clock does not run ahead while the probe is in flight and
                         # expire its lease (or the caller's stall budget) before it answers.
@@ -472,6 +476,7 @@ class TenantHealth:
     def _step_locked(self, now: float) -> None:
         if self._state == OPEN and now >= self._probe_due:
             self._state = HALF_OPEN
+            self._remote_probe = False
             self._probe_sent = None
         elif (
             self._state == HALF_OPEN
@@ -523,6 +528,7 @@ class TenantHealth:
 
     def _close_locked(self, *, publish: bool = True) -> None:
         self._state = CLOSED
+        self._remote_probe = False
         self.opened_at = None
         self.opened_wall = None
         self.reason = ""
@@ -546,6 +552,7 @@ class TenantHealth:
 
     def _schedule_wake_locked(self, now: float, delay: float) -> None:
         self._probe_due = now + delay
+        self._remote_probe = False
         self._probe_sent = None
         self._probe_gen += 1
         self._schedule(self.clock, delay, "sample-submit", self._wake, self._probe_gen)
@@ -638,8 +645,16 @@ class TenantHealth:
             return  # our own probe is out
         self._state = OPEN
         if record.probe_out(wall) and _alive(record.lease_owner):
-            # another process's probe: wait for its answer, for its lease at most
-            self._schedule_wake_locked(now, record.lease_wall - wall)
+            # Another process's probe: wait for its answer (the shared checks see it), for
+            # its lease at most. A real-time timer: the lease ends in real time, and a timer
+            # on an injected virtual clock would move that clock by the whole lease at once.
+            remaining = record.lease_wall - wall
+            self._probe_due = now + remaining
+            self._probe_sent = None
+            self._probe_gen += 1
+            self._remote_probe = True
+            self._schedule(REAL_CLOCK, remaining, "sample-submit", self._wake, self._probe_gen)
+            self._start_checks_locked()
         else:
             self._schedule_wake_locked(now, max(0.0, record.probe_wall - wall))
         self._step_locked(now)
