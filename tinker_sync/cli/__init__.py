@@ -7,6 +7,7 @@ Usage::
     tinker-sync checkpoint download tinker://RUN/weights/final -o ./models
     tinker-sync checkpoint delete --run-id RUN --type weights --before 2024-06-01 -y
     tinker-sync model list qwen
+    tinker-sync health --probe               # the tenant's circuit (docs/health.md) and one request
     tinker-sync serve --backend tiny --port 8000
     tinker-sync demo
     tinker-sync exec -- python train.py      # `import tinker` gives tinker_sync (child processes too)
