@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -476,7 +477,7 @@ def test_every_request_has_connect_and_read_timeouts(
             return real_exchange(self, method, target, body, headers, timeout, *a)
 
         def read_reply(self: Any, method: str, *a: Any) -> Any:
-            read_timeouts.append(self.sock.gettimeout())  # ...and what the socket reads with
+            read_timeouts.append(socket_read_timeout(self.sock))  # ...and what the socket reads with
             return real_read(self, method, *a)
 
         monkeypatch.setattr(_direct.DirectPool, "exchange", exchange)
@@ -487,7 +488,7 @@ def test_every_request_has_connect_and_read_timeouts(
                 t.send_once(post(pool=pool, timeout=spec_timeout))
                 t.send_once(get(pool=pool, timeout=spec_timeout))
         assert log == [expected] * (2 * len(Pool)), (client_timeout, spec_timeout)
-        assert read_timeouts == [expected[1]] * (2 * len(Pool))
+        assert read_timeouts == [pytest.approx(expected[1], abs=0.01)] * (2 * len(Pool))
         log.clear()
         read_timeouts.clear()
 
@@ -515,6 +516,64 @@ def test_connection_refused_is_not_sent() -> None:
     assert KEY not in str(err) and KEY not in repr(err.request.headers)
     assert isinstance(err.__cause__, urllib3.exceptions.NewConnectionError)
     assert KEY not in repr(vars(err.__cause__))  # the urllib3 error holds no headers
+
+
+def socket_read_timeout(sock: socket.socket) -> float | None:
+    """How long ``sock``'s reads wait for a byte: its timeout, or for a blocking socket the
+    kernel's ``SO_RCVTIMEO`` (None: for ever)."""
+    if sock.gettimeout() is not None or not _direct.KERNEL_TIMEOUTS:
+        return sock.gettimeout()
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.calcsize("@ll"))
+    seconds, micros = struct.unpack("@ll", raw)
+    return None if seconds == micros == 0 else seconds + micros / 1e6
+
+
+@pytest.mark.skipif(not _direct.KERNEL_TIMEOUTS, reason="kernel socket timeouts: 64-bit Linux")
+def test_a_plain_connection_is_blocking_with_kernel_timeouts(
+    stub: Stub, transport_path: str
+) -> None:
+    """No poll before each send and read (each would release the GIL once more,
+    docs/transport.md): the socket blocks and the kernel keeps the timeouts (in its clock
+    ticks: a few milliseconds)."""
+    if transport_path != "direct":
+        pytest.skip("the direct path's sockets")
+    seen: list[tuple[float | None, float | None, float | None]] = []
+    real_read = _direct.DirectConnection.read_reply
+
+    def read_reply(self: Any, method: str, *a: Any) -> Any:
+        raw = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.calcsize("@ll"))
+        seconds, micros = struct.unpack("@ll", raw)
+        seen.append((self.sock.gettimeout(), socket_read_timeout(self.sock), seconds + micros / 1e6))
+        return real_read(self, method, *a)
+
+    with pytest.MonkeyPatch.context() as mp, transport_for(stub.url) as t:
+        mp.setattr(_direct.DirectConnection, "read_reply", read_reply)
+        t.send_once(post(timeout=Timeout(7.5, connect=5.0)))
+        t.send_once(post(timeout=Timeout(2.25, connect=5.0)))
+    tick = 0.01
+    assert seen == [
+        (None, pytest.approx(7.5, abs=tick), pytest.approx(7.5, abs=tick)),
+        (None, pytest.approx(2.25, abs=tick), pytest.approx(2.25, abs=tick)),
+    ]
+
+
+@pytest.mark.skipif(not _direct.KERNEL_TIMEOUTS, reason="kernel socket timeouts: 64-bit Linux")
+def test_a_send_the_peer_never_reads_times_out_within_its_timeout() -> None:
+    """A blocking socket's send timeout bounds the whole send, as a socket timeout does (a
+    send the kernel cut short goes on with what is left of it)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname(), timeout=5.0)
+        peer, _ = server.accept()
+        try:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            conn = _direct.DirectConnection(client)
+            conn.set_timeout(0.2)
+            assert client.gettimeout() is None
+            with pytest.raises(TimeoutError):
+                conn.request(b"POST / HTTP/1.1\r\n\r\n", b"x" * (16 * 1024 * 1024))
+        finally:
+            peer.close()
+            client.close()
 
 
 def test_read_timeout(stub: Stub) -> None:

@@ -43,10 +43,13 @@ from __future__ import annotations
 
 import http.client
 import logging
+import math
 import os
 import re
 import select
 import socket
+import struct
+import sys
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -85,6 +88,11 @@ MAX_HEADERS = 100
 MAX_INTERIM = 8
 """Most interim (1xx) replies skipped before the final one."""
 _RECV_SIZE = 256 * 1024
+_FIRST_RECV = 64 * 1024
+"""A reply's first read asks for less than a large body's reads: a buffer under glibc's mmap
+threshold (128 KiB) comes from the heap, where a 256 KiB one is mapped and unmapped on every
+read (three more system calls, and the unmap interrupts the cores running the process's other
+threads). Most replies fit in it whole."""
 _METHODS_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 """Sent with ``Content-Length: 0`` when they have no body (as urllib3)."""
 _BAD_TARGET = re.compile("[\x00-\x20\x7f]")
@@ -248,24 +256,65 @@ class _Reply:
             self.done = True
 
 
-def _set_timeout(sock: socket.socket, timeout: float | None) -> None:
-    """``sock.settimeout(timeout)`` unless it is already set: each call is a syscall that
-    releases the GIL (a thread hand-off under load, docs/transport.md), and a kept-alive
-    connection's requests mostly use the same timeout."""
-    if sock.gettimeout() != timeout:
-        sock.settimeout(timeout)
+_TIMEVAL = struct.Struct("@ll")
+"""``struct timeval`` of 64-bit Linux (``SO_RCVTIMEO`` / ``SO_SNDTIMEO``)."""
+KERNEL_TIMEOUTS = sys.platform == "linux" and _TIMEVAL.size == 16
+"""Whether plain TCP connections keep their timeouts in the kernel (see
+:class:`DirectConnection`)."""
+
+
+def _timeval(timeout: float | None) -> bytes:
+    """``timeout`` as a ``struct timeval``: None waits for ever (zero), any other value at
+    least one microsecond (zero would mean for ever), rounded up to the microsecond."""
+    if timeout is None:
+        return _TIMEVAL.pack(0, 0)
+    micros = max(1, math.ceil(round(timeout * 1_000_000, 6)))
+    return _TIMEVAL.pack(*divmod(micros, 1_000_000))
 
 
 class DirectConnection:
     """One keep-alive connection: write a request, read its whole reply.
 
-    ``sock`` is public for the in-flight tracker, which shuts it down to cut a request.
+    ``sock`` is public for the in-flight tracker, which shuts it down to cut a request;
+    ``timeout`` is what the socket's sends and reads wait now (None: for ever).
+
+    A plain TCP connection on 64-bit Linux is a blocking socket whose timeouts are kept by the
+    kernel (``SO_RCVTIMEO`` / ``SO_SNDTIMEO``): a socket timeout would make CPython poll
+    before every send and read, and each poll releases the GIL once more (a thread hand-off
+    when the caller's code keeps the GIL busy, docs/transport.md). The timeouts mean the same:
+    a read that waits longer than ``timeout`` for a byte and a send that cannot finish within
+    it raise ``TimeoutError``. Elsewhere (TLS, other systems) the socket's own timeout is used.
     """
 
-    __slots__ = ("sock",)
+    __slots__ = ("_kernel", "sock", "timeout")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.timeout = sock.gettimeout()
+        self._kernel = KERNEL_TIMEOUTS and type(sock) is socket.socket
+        if self._kernel:
+            try:
+                self._kernel_timeouts(self.timeout)
+                sock.settimeout(None)  # once per connection: blocking, no poll before a call
+            except OSError:  # not supported here: the socket's own timeout
+                self._kernel = False
+
+    def _kernel_timeouts(self, timeout: float | None) -> None:
+        packed = _timeval(timeout)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, packed)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, packed)
+
+    def set_timeout(self, timeout: float | None) -> None:
+        """Set the timeout of the next sends and reads, unless it is already set (a kept-alive
+        connection's requests mostly use the same one): ``settimeout`` is a system call that
+        releases the GIL (``setsockopt`` does not)."""
+        if timeout == self.timeout:
+            return
+        if self._kernel:
+            self._kernel_timeouts(timeout)
+        else:
+            self.sock.settimeout(timeout)
+        self.timeout = timeout
 
     def close(self) -> None:
         self.sock.close()
@@ -287,11 +336,36 @@ class DirectConnection:
 
     def request(self, head: bytes, body: bytes | None) -> None:
         if body and len(body) <= COALESCE_LIMIT:
-            self.sock.sendall(head + body)
+            self._sendall(head + body)
             return
-        self.sock.sendall(head)
+        self._sendall(head)
         if body:
-            self.sock.sendall(body)
+            self._sendall(body)
+
+    def _sendall(self, data: bytes) -> None:
+        """``sock.sendall(data)``; with kernel timeouts, the timeout bounds the whole call as a
+        socket timeout does (a send cut short by it goes on with what is left)."""
+        if not self._kernel or self.timeout is None:
+            self.sock.sendall(data)
+            return
+        end = time.monotonic() + self.timeout
+        view = memoryview(data)
+        try:
+            while True:
+                try:
+                    sent = self.sock.send(view)
+                except BlockingIOError:
+                    raise TimeoutError("timed out") from None
+                view = view[sent:]
+                if not view:
+                    return
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("timed out")
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(left))
+                self.timeout = -1.0  # the send timeout no longer matches: set both again
+        finally:
+            view.release()
 
     def read_reply(
         self, method: str, limit: int, read_timeout: float | None, deadline: float | None
@@ -314,8 +388,13 @@ class DirectConnection:
                 if left <= 0:
                     raise TimeoutError("the reply did not complete within the attempt deadline")
                 timeout = left if timeout is None else min(timeout, left)
-            _set_timeout(sock, timeout)
-            data = sock.recv(_RECV_SIZE)
+            self.set_timeout(timeout)
+            try:
+                data = sock.recv(_RECV_SIZE if received else _FIRST_RECV)
+            except BlockingIOError:
+                if not self._kernel:
+                    raise
+                raise TimeoutError("timed out") from None
             if not data:
                 return self._at_eof(reply, received)
             received += len(data)
@@ -410,7 +489,7 @@ class DirectPool:
                     if wait is None
                     else max(0.0, min(wait, deadline - time.monotonic()))
                 )
-            _set_timeout(conn.sock, wait)
+            conn.set_timeout(wait)
             conn.request(head, body)
             status, reply_headers, content, reusable = conn.read_reply(
                 method, self.limit, timeout.read, deadline
