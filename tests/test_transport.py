@@ -477,7 +477,8 @@ def test_every_request_has_connect_and_read_timeouts(
             return real_exchange(self, method, target, body, headers, timeout, *a)
 
         def read_reply(self: Any, method: str, *a: Any) -> Any:
-            read_timeouts.append(socket_read_timeout(self.sock))  # ...and what the socket reads with
+            # ...and what the socket reads with
+            read_timeouts.append(socket_read_timeout(self.sock))
             return real_read(self, method, *a)
 
         monkeypatch.setattr(_direct.DirectPool, "exchange", exchange)
@@ -543,7 +544,9 @@ def test_a_plain_connection_is_blocking_with_kernel_timeouts(
     def read_reply(self: Any, method: str, *a: Any) -> Any:
         raw = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.calcsize("@ll"))
         seconds, micros = struct.unpack("@ll", raw)
-        seen.append((self.sock.gettimeout(), socket_read_timeout(self.sock), seconds + micros / 1e6))
+        seen.append(
+            (self.sock.gettimeout(), socket_read_timeout(self.sock), seconds + micros / 1e6)
+        )
         return real_read(self, method, *a)
 
     with pytest.MonkeyPatch.context() as mp, transport_for(stub.url) as t:
