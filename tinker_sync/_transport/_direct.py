@@ -283,7 +283,10 @@ class DirectConnection:
     before every send and read, and each poll releases the GIL once more (a thread hand-off
     when the caller's code keeps the GIL busy, docs/transport.md). The timeouts mean the same:
     a read that waits longer than ``timeout`` for a byte and a send that cannot finish within
-    it raise ``TimeoutError``. Elsewhere (TLS, other systems) the socket's own timeout is used.
+    it raise ``TimeoutError``. One difference: a call interrupted by a signal delivered to its
+    own thread waits its whole timeout again (Linux gives a process's signals to the main thread
+    first; a reply's attempt deadline is still checked between reads). Elsewhere (TLS, other
+    systems) the socket's own timeout is used.
     """
 
     __slots__ = ("_kernel", "sock", "timeout")
