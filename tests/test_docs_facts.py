@@ -246,6 +246,8 @@ FACTS: list[Fact] = [
             "success_refund",
             "same_error_repeats",
             "summary_every_s",
+            "http_backoff_initial_s",
+            "submit_backoff_initial_s",
         )
     ],
     *[

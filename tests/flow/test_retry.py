@@ -454,6 +454,67 @@ def test_submission_loop_observer_sees_each_failure() -> None:
     assert seen == [("InternalServerError", True, 0), ("NotFoundError", False, 1)]
 
 
+# docs/health.md#lossy-networks: a failure climbs a request's backoff ladder unless it is a
+# transport failure after the tenant's other requests were answered since the previous one.
+LOST = APIConnectionError("connection reset")
+LADDERS = {
+    # (each attempt's outcome, whether other requests were answered before it failed): waits
+    "outage: no answer in between": ([(LOST, False)] * 4, [1, 2, 4, 8], [0.5, 1, 2, 4]),
+    "lossy: others answered": ([(LOST, True)] * 4, [1, 1, 1, 1], [0.5, 0.5, 0.5, 0.5]),
+    "lossy, then an outage": (
+        [(LOST, True), (LOST, True), (LOST, False), (LOST, False)],
+        [1, 1, 2, 4],
+        [0.5, 0.5, 1, 2],
+    ),
+    # three: a fourth same 5xx while others are answered ends the call (PersistentServerError)
+    "5xx while others answered": ([(status_exc(503), True)] * 3, [1, 2, 4], [0.5, 1, 2]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LADDERS))
+def test_both_loops_climb_the_ladder_unless_the_server_answered_others(case: str) -> None:
+    from tinker_sync._flow.breaker import TenantHealth
+
+    outcomes, submission_waits, http_waits = LADDERS[case]
+    clock = FakeClock(wall=WALL, rng=lambda: 0.0)
+    tenant = TenantHealth(("http://127.0.0.1:1", "key"), clock)
+    script: list[tuple[Exception, bool]] = []
+
+    def next_outcome() -> Exception | None:
+        if not script:
+            return None
+        exc, others_answered = script.pop(0)
+        if others_answered:
+            tenant.success()  # another request of the tenant was answered meanwhile
+        return exc
+
+    def attempt() -> str:
+        exc = next_outcome()
+        if exc is not None:
+            raise exc
+        return "ok"
+
+    script[:] = outcomes
+    assert submission_loop(attempt, SubmissionRetry(clock=clock, tenant=tenant)) == "ok"
+    assert clock.sleeps_for("submission-retry") == submission_waits
+
+    class Transport(ScriptedTransport):
+        def send_once(self, spec: RequestSpec, attempt: int = 0) -> Reply:
+            exc = next_outcome()
+            if isinstance(exc, APIStatusError):
+                return reply(exc.status_code)
+            if exc is not None:
+                raise exc
+            return reply(200)
+
+    clock.clear()
+    script[:] = outcomes
+    transport = Transport([], clock)
+    assert send_with_retries(transport, spec(), tenant=tenant).status == 200  # type: ignore[arg-type]
+    assert clock.sleeps_for("http-retry") == http_waits
+    assert tenant.opens == 0
+
+
 def test_billing_pause_window_then_billing_error(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="tinker_sync.retry")
     clock = FakeClock()

@@ -408,3 +408,55 @@ def test_polling_a_paused_queue_does_not_scale_with_the_pending_futures() -> Non
         finally:
             client.close()
             reset_limiters()
+
+
+# Each layer's waits before the four resends of a request whose connection dropped four times,
+# with FakeClock(rng=lambda: 0.5): training sends retry in the HTTP layer (0.5 s * 2^k *
+# (1 - 0.25 * 0.5)), a sample in the submission loop (1 s * 2^n).
+DROPPED = {
+    "training": ("forward_backward", "http", [0.4375] * 4),  # 0.4375, 0.875, 1.75, 3.5 before
+    "sampling": ("asample", "submission", [1.0] * 4),  # 1, 2, 4, 8 before
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DROPPED))
+def test_a_request_whose_connection_drops_while_others_are_answered_waits_no_longer(
+    kind: str,
+) -> None:
+    """On a lossy network one request's connection can drop several times in a row while the
+    tenant's other requests are answered: that is not server trouble, so each resend waits the
+    first step of the backoff instead of climbing it (the lossy bench's slowest sample waited
+    1 + 2 + 4 + 8 + 16 = 31 s). The outage ladders (no answer in between, or 5xx) are
+    test_the_408_and_5xx_backoff_comes_from_the_health_policy's and test_retry.py's."""
+    from tinker_sync._runtime.clock import FakeClock
+
+    endpoint, layer, expected = DROPPED[kind]
+    clock = FakeClock(wall=time.time(), rng=lambda: 0.5)
+    delays: list[float] = []
+    rest: list[tinker_sync.RestClient] = []
+
+    def hook(event: Any) -> None:
+        if event.kind == "retry_scheduled" and event.data.get("layer") == layer:
+            delays.append(event.data["delay"])
+            rest[0].list_training_runs().result(HANG)  # another request answered meanwhile
+
+    with LocalServer(long_poll_s=1.0, api_key=None) as srv:
+        client = tinker_sync.ServiceClient(
+            base_url=srv.url, api_key="tml-" + "0" * 40, hooks=[hook], _clock=clock
+        )
+        try:
+            training = client.create_lora_training_client("base", rank=4)
+            sampler = client.create_sampling_client(base_model="base")
+            rest.append(client.create_rest_client())
+            srv.faults.add(Fault(endpoint=endpoint, drop="before", times=4))
+            if kind == "training":
+                training.forward_backward([datum(0)], "cross_entropy").result(HANG)
+            else:
+                sampler.sample(PROMPT, 1, PARAMS).result(HANG)
+            srv.faults.assert_exhausted()
+            tenant = tenant_of(client)
+        finally:
+            client.close()
+            reset_limiters()
+    assert delays == pytest.approx(expected)
+    assert tenant.opens == 0

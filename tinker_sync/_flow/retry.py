@@ -387,6 +387,7 @@ def send_with_retries(
     send_once = transport.send_once if send is None else send
     start = clock.monotonic()
     k = 0
+    ladder = _Ladder(tenant)
     while True:
         attempt_start = clock.monotonic()
         try:
@@ -402,7 +403,7 @@ def send_with_retries(
                 room = start + window - now - (now - attempt_start)
             else:
                 room = math.inf
-            delay = min(http_backoff(k, clock.random, policy), room)
+            delay = min(http_backoff(ladder.step(transport=True), clock.random, policy), room)
             if (
                 k >= max_retries
                 or room <= 0
@@ -424,7 +425,7 @@ def send_with_retries(
                 or (reply.status >= 500 and not _tenant_allows_retry(tenant, timeout=False))
             ):
                 raise error_from_reply(reply)
-            delay = retry_delay(reply.headers, k, clock, policy)
+            delay = retry_delay(reply.headers, ladder.step(transport=False), clock, policy)
             reason = f"status {reply.status}"
             failure = error_from_reply(reply)
         k += 1
@@ -450,6 +451,33 @@ def send_with_retries(
         clock.sleep(delay, "http-retry")
         if exiting():
             raise failure
+
+
+class _Ladder:
+    """The exponent of one request's next backoff (docs/health.md#lossy-networks).
+
+    Usage: ``ladder = _Ladder(tenant)``, then ``n = ladder.step(transport=...)`` per failure.
+
+    ``n`` counts the request's failures in a row; a transport failure (no HTTP answer) after the
+    tenant's other requests were answered since the previous one restarts it at 0: one dropped
+    connection on a lossy network is not server trouble. An outage (no answer in between) and
+    5xx still climb the ladder, and the tenant's circuit still parks the retries.
+    """
+
+    def __init__(self, tenant: TenantHealth | None) -> None:
+        self.tenant = tenant
+        self.n = 0
+        self._answered: int | None = None  # the tenant's successes at the previous failure
+
+    def step(self, *, transport: bool) -> int:
+        """The exponent for the wait after this failure (``transport``: no HTTP answer)."""
+        answered = self.tenant.successes if self.tenant is not None else -1
+        if transport and self._answered is not None and answered > self._answered:
+            self.n = 0  # the tenant's other requests were answered meanwhile
+        self._answered = answered
+        n = self.n
+        self.n += 1
+        return n
 
 
 def _tenant_allows_retry(tenant: TenantHealth | None, *, timeout: bool) -> bool:
@@ -569,6 +597,7 @@ class SubmissionRetry:
         self.start = clock.monotonic()
         self.watch = StallWatch(clock, self.budget_s, what, since=self.start)
         self.attempt = 0
+        self._ladder = _Ladder(tenant)  # the wait's exponent (docs/health.md#lossy-networks)
 
     def gate(self) -> None:
         """Before each attempt: wait (this thread) while the tenant's circuit is open, unless
@@ -676,7 +705,8 @@ class SubmissionRetry:
         reason = self.stop() if self.stop is not None else None
         if reason is not None:
             raise reason from exc
-        wait = min(holder_backoff(self.attempt, self.policy), start + budget_s - now)
+        n = self._ladder.step(transport=info.status_code is None)
+        wait = min(holder_backoff(n, self.policy), start + budget_s - now)
         if wait <= 0:  # the budget is spent (float rounding can land a hair under it)
             raise exc
         self.attempt += 1
