@@ -211,6 +211,10 @@ FACTS: list[Fact] = [
     # sessions, sampling retries, threads, sockets
     Fact(r"`close\(\)` \| (\d+) s for the background threads", [state.CLOSE_JOIN_TIMEOUT_S]),
     Fact(r"(\d+) s close bound", [state.CLOSE_JOIN_TIMEOUT_S]),
+    Fact(
+        r"at most (\d+) close attempts within a (\d+) s close budget",
+        [state.CLOSE_ATTEMPTS, state.CLOSE_BUDGET_S],
+    ),
     Fact(r"after (\d+) s of failed heartbeats", [state.HEARTBEAT_WARN_AFTER_S]),
     Fact(r"without any completed sample \(([\d,]+) s\)", [RetryConfig().progress_timeout]),
     Fact(r"(?:exit|leave) after (\d+) s idle", [executor._IDLE_EXIT_S]),

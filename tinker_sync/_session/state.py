@@ -39,14 +39,17 @@ import attrs
 
 from tinker_sync._config import PROTOCOL_VERSION, ClientConfig, DynamicConfig, ServerConfig, Timeout
 from tinker_sync._credentials import StaticKeyAuth
-from tinker_sync._flow.health import Health
+from tinker_sync._flow.health import Health, describe_failure
 from tinker_sync._flow.hedge import COLD_DELAY_S, COPY_READ_S, LOSSY_WINDOW_S, Hedger
 from tinker_sync._flow.limiter import Limiter, limiter_for
 from tinker_sync._flow.retry import (
     BillingPause,
     SubmissionRetry,
     classify,
+    http_backoff,
+    retry_delay,
     send_with_retries,
+    should_retry,
     submission_loop,
 )
 from tinker_sync._logging import configure_logging_from_env
@@ -55,7 +58,15 @@ from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock, exiting
 from tinker_sync._runtime.fork import make_lock, register_after_fork
 from tinker_sync._session.jwt import make_auth
 from tinker_sync._session.telemetry import Telemetry
-from tinker_sync._transport import Hook, Pool, Reply, RequestSpec, Transport
+from tinker_sync._transport import (
+    Hook,
+    Pool,
+    Reply,
+    RequestSpec,
+    Transport,
+    error_from_reply,
+    new_idempotency_key,
+)
 from tinker_sync.exceptions import (
     ClientClosedError,
     ForkedProcessError,
@@ -88,6 +99,11 @@ HEARTBEAT_INTERVAL_S = 10.0
 HEARTBEAT_WARN_AFTER_S = 120.0
 #: How long close() waits for the background loops to exit (their calls time out in 10 s).
 CLOSE_JOIN_TIMEOUT_S = 12.0
+#: close()'s session-finish request: at most CLOSE_ATTEMPTS attempts, all within CLOSE_BUDGET_S
+#: seconds; one attempt while the tenant's circuit is open or the interpreter exits
+#: (docs/health.md#close-during-an-outage).
+CLOSE_BUDGET_S = 5.0
+CLOSE_ATTEMPTS = 3
 SHORT_TIMEOUT = Timeout(10.0, connect=5.0)
 
 
@@ -617,18 +633,25 @@ class Session:
 
     # ---------------------------------------------------------------- close
 
-    def close(self, status: str = "success", detail: str | None = None) -> None:
-        """Finish the session (if one was started), stop the loops, fail pending work."""
+    def close(self, status: str = "success", detail: str | None = None) -> BaseException | None:
+        """Finish the session (if one was started), stop the loops, fail pending work.
+
+        Returns why the server could not be told the session ended (logged once as a
+        WARNING naming the server's URL), else None (docs/health.md#close-during-an-outage).
+        """
         with self._lock:
             if self._closed:
-                return
+                return None
             self._closed = True
             listeners = list(self._close_listeners)
+        # The tenant's state before close() stops reporting outcomes to it.
+        circuit_open = self._limiter is not None and self._limiter.tenant.is_open()
         self.health.closing = True
         if self._transport is not None and not self.in_forked_child():
             # Polls held by the server would keep their sockets and threads until the hold
             # ends; they see the client closed as soon as their request fails.
             self._transport.abort_polls(self.poll_hold.threads())
+        failure: BaseException | None = None
         try:
             if (
                 self._started
@@ -636,21 +659,21 @@ class Session:
                 and self._transport is not None
                 and not self.in_forked_child()
             ):
-                spec = RequestSpec(
-                    method="POST",
-                    path=f"/api/v1/sessions/{self.session_id}/finish",
-                    pool=Pool.TRAIN,
-                    json={"reason": {"type": status}, "detail": detail},
-                    sdk_method=None,
-                )
                 try:
-                    self._loop(self._transport, spec)
+                    self._finish(self._transport, status, detail, circuit_open)
                 except NotFoundError:  # a server without the route (TuFT, older protocols)
                     log.info(
                         "server has no session finish endpoint; %s ends on its own", self.session_id
                     )
                 except Exception as exc:
-                    log.warning("could not finish session %s: %s", self.session_id, exc)
+                    failure = exc
+                    log.warning(
+                        "could not tell the Tinker server at %s that session %s ended (%s); "
+                        "it ends on its own when its heartbeats stop",
+                        self.health.url,
+                        self.session_id,
+                        describe_failure(exc),
+                    )
         finally:
             self._stop.set()
             self._wake.set()
@@ -674,6 +697,63 @@ class Session:
                 retire_idle_threads()
             if self._started and self._limiter is not None and not self.in_forked_child():
                 self._limiter.remove_user()  # the last session of a tenant closes its file
+        return failure
+
+    def _finish(
+        self, transport: Transport, status: str, detail: str | None, circuit_open: bool
+    ) -> None:
+        """close()'s ``sessions/{id}/finish``, bounded (docs/health.md#close-during-an-outage).
+
+        At most :data:`CLOSE_ATTEMPTS` attempts (``max_retries + 1`` if fewer), each one's
+        timeout and the waits between them inside :data:`CLOSE_BUDGET_S` seconds of the
+        session clock; one attempt while the tenant's circuit is open or the interpreter
+        exits. Never parked behind the circuit, never the submission loop. Raises the last
+        failure.
+        """
+        clock = self.clock
+        deadline = clock.monotonic() + CLOSE_BUDGET_S
+        policy = self.config.health
+        attempts = min(CLOSE_ATTEMPTS, self.config.max_retries + 1)
+        if circuit_open or exiting():
+            attempts = 1
+        key = new_idempotency_key()
+        configured = transport.config.timeout
+        attempt = 0
+        while True:
+            left = max(deadline - clock.monotonic(), 0.001)
+            spec = RequestSpec(
+                method="POST",
+                path=f"/api/v1/sessions/{self.session_id}/finish",
+                pool=Pool.TRAIN,
+                json={"reason": {"type": status}, "detail": detail},
+                timeout=Timeout(
+                    _cap(configured.read, left), connect=_cap(configured.connect, left)
+                ),
+                idempotency_key=key,
+                max_retries=0,
+                sdk_method=None,
+            )
+            try:
+                reply = transport.send_once(spec, attempt)
+            except Exception as exc:
+                failure: Exception = exc
+                retryable = classify(exc).retryable
+                delay = http_backoff(attempt, clock.random, policy)
+            else:
+                if reply.status < 400:
+                    return
+                failure = error_from_reply(reply)
+                retryable = should_retry(reply)
+                delay = retry_delay(reply.headers, attempt, clock, policy)
+            attempt += 1
+            if (
+                not retryable
+                or attempt >= attempts
+                or exiting()
+                or clock.monotonic() + delay >= deadline
+            ):
+                raise failure
+            clock.sleep(delay, "close-retry")
 
     def _join_background(self, timeout: float) -> None:
         """Wait (bounded) for the heartbeat, timer and clients' threads to notice the stop and exit.
@@ -690,6 +770,11 @@ class Session:
                 thread.join(max(0.0, deadline - time.monotonic()))
         for join in list(self._joiners):
             join(max(0.0, deadline - time.monotonic()))
+
+
+def _cap(part: float | None, left: float) -> float:
+    """A timeout part (None: no limit) cut to the ``left`` seconds of a budget."""
+    return left if part is None else min(part, left)
 
 
 def _json_object(reply: Reply) -> dict[str, Any]:
