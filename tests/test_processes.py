@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import pickle
 import random
+import re
 import select
 import signal
 import socket
@@ -586,8 +587,11 @@ response = client.sample(
     types.ModelInput.from_ints([1, 2, 3]), 2, types.SamplingParams(max_tokens=3)
 ).result(60)
 seq = response.sequences[0]
+maps = "/proc/self/maps"
 before = {
     "numpy": "numpy" in sys.modules,
+    "modules": sorted(sys.modules),
+    "libraries": open(maps).read() if os.path.exists(maps) else None,
     "tokens": seq.tokens,
 }
 array = seq.tokens_np  # a numpy accessor imports numpy on first use
@@ -596,13 +600,34 @@ print(json.dumps({"before": before, "after": after}))
 """
 
 
+#: What a first sample over plain http on the direct path must not import
+#: (docs/scale-out.md#start-up): numpy (and so no BLAS), urllib3 (the other request path; its
+#: pools are built on first use), requests, and http.client / email / ssl / urllib.request
+#: (their exception classes are checked without importing them; proxies are looked up without
+#: urllib.request when no ``*_proxy`` variable is set).
+FIRST_SAMPLE_SKIPS = (
+    "numpy",
+    "urllib3",
+    "requests",
+    "http.client",
+    "email",
+    "ssl",
+    "urllib.request",
+)
+
+
 @pytest.mark.parametrize("start", ["pickle", "service"])
 def test_first_sample_in_a_fresh_interpreter_imports_no_numpy(srv, service, start):
-    """A worker's first sample (from a pickled client or from a ServiceClient) imports no numpy
-    and so starts no BLAS threads; the results keep their API: ``tokens`` is a list and
-    ``tokens_np`` an int32 array, numpy imported on first use (docs/scale-out.md#start-up)."""
+    """A worker's first sample (from a pickled client or from a ServiceClient) on the direct
+    path imports none of :data:`FIRST_SAMPLE_SKIPS`, so no BLAS library is loaded and no BLAS
+    thread starts; the results keep their API: ``tokens`` is a list and ``tokens_np`` an int32
+    array, numpy imported on first use (docs/scale-out.md#start-up)."""
     payload = pickle.dumps(service.create_sampling_client(base_model=BASE))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TINKER_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TINKER_") and not k.lower().endswith("_proxy")
+    }
     env["TINKER_API_KEY"] = KEY
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
@@ -617,6 +642,11 @@ def test_first_sample_in_a_fresh_interpreter_imports_no_numpy(srv, service, star
     report = json.loads(proc.stdout.decode().strip().splitlines()[-1])
     before, after = report["before"], report["after"]
     assert before["numpy"] is False
+    assert "tinker_sync._transport._direct" in before["modules"]  # not vacuous
+    loaded = [m for m in FIRST_SAMPLE_SKIPS if m in before["modules"]]
+    assert not loaded, loaded
+    if before["libraries"] is not None:  # Linux: no BLAS library mapped, so no BLAS threads
+        assert not re.findall(r"\S*(?:blas|lapack|libgomp|mkl)\S*", before["libraries"])
     assert before["tokens"] and all(type(t) is int for t in before["tokens"])
     assert after == {"numpy": True, "dtype": "int32", "list": before["tokens"]}
 

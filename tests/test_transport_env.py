@@ -108,3 +108,44 @@ def test_connections_get_urllib3s_socket_options_plus_keepalive():
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 15
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 5
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"HTTP_PROXY": ""},  # empty: ignored, as urllib.request ignores it
+        {"no_proxy": "*"},  # a bypass list alone names no proxy
+        {"Https_Proxy": "http://proxy.example:3128"},  # any case
+        {"ftp_proxy": "http://proxy.example:21"},  # a scheme the SDK does not use
+    ],
+)
+def test_proxy_lookup_without_urllib_request_finds_what_it_would(monkeypatch, env):
+    """The proxy lookup skips importing urllib.request only when getproxies() would find
+    nothing, so the proxies found are the same either way (docs/scale-out.md#start-up)."""
+    import urllib.request
+
+    from tinker_sync._transport._settings import _may_have_proxies
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _may_have_proxies() == bool(urllib.request.getproxies())
+    expected = {
+        k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https", "all")
+    }
+    assert _environment_settings("https://tinker.example.com")[0] == expected
+
+
+def test_a_direct_route_builds_urllib3s_pools_on_first_use():
+    """With a direct pool, the urllib3 pool manager (and urllib3) waits for a request that
+    needs it, e.g. a redirect; a route without one builds it at once (docs/scale-out.md)."""
+    from tinker_sync._transport._direct import HAVE_HTTPTOOLS
+
+    route = _Route("http://tinker.example.com", 4, None, ({}, True), Pool.SAMPLE)
+    assert (route.direct is not None) == HAVE_HTTPTOOLS
+    assert (route._manager is None) == HAVE_HTTPTOOLS
+    assert route.origin.host == "tinker.example.com" and route._manager is route.manager
+    route.close()
+    proxied = _Route("http://tinker.example.com", 4, None, ({"all": "http://proxy:3128"}, True))
+    assert proxied.direct is None and proxied._manager is not None
+    proxied.close()

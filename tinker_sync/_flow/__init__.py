@@ -6,6 +6,6 @@ across processes (``sharedcircuit``), hedged second copies (``hedge``), the HTTP
 submission loop (``retry``), and bounded, visible waits and stall deadlines (``health``).
 Invariants: waits are parked or slept on the injected clock, never spun; a backoff deadline only
 moves forward; a request is retried only when it is safe to repeat. Imports: ``_runtime``,
-``_transport``, ``_config`` and ``exceptions``; not the clients, ``_session`` or ``_polling``;
+``_transport``, ``_config``, ``_lazynp`` and ``exceptions``; not the clients, ``_session`` or ``_polling``;
 this ``__init__`` imports nothing.
 """

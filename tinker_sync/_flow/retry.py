@@ -27,22 +27,19 @@ all calls of one session. Fork safety: plain state.
 
 from __future__ import annotations
 
-import email.utils
 import errno
-import http.client
 import logging
 import math
 import socket
-import ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
-import urllib3.exceptions
 
 from tinker_sync._config import DEFAULT_TIMEOUT, HealthPolicy
 from tinker_sync._flow.breaker import TenantHealth, Turn
 from tinker_sync._flow.health import StallWatch, describe_failure
+from tinker_sync._lazynp import loaded_isinstance
 from tinker_sync._runtime.causes import related, signal_exception
 from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock, exiting
 from tinker_sync._runtime.fork import make_lock
@@ -147,6 +144,8 @@ def parse_retry_after(headers: Mapping[str, str], now_wall: float) -> float | No
     try:
         value = float(raw)
     except ValueError:
+        import email.utils  # an HTTP date: rare (docs/scale-out.md#start-up)
+
         parsed = email.utils.parsedate_tz(raw)
         if parsed is None:
             return None
@@ -211,13 +210,9 @@ def _x_should_retry(headers: Mapping[str, str] | None) -> bool | None:
     return None
 
 
-_TRANSPORT_FAILURES = (
-    urllib3.exceptions.ProtocolError,
-    urllib3.exceptions.TimeoutError,
-    http.client.IncompleteRead,
-    TimeoutError,
-    ConnectionError,
-)
+_TRANSPORT_FAILURES = (TimeoutError, ConnectionError)
+#: urllib3's and http.client's, checked without importing either (docs/scale-out.md#start-up)
+_URLLIB3_FAILURES = ("ProtocolError", "TimeoutError")
 
 
 def _transport_failure(exc: BaseException) -> bool:
@@ -228,6 +223,10 @@ def _transport_failure(exc: BaseException) -> bool:
         if isinstance(e, TinkerError):
             continue
         if isinstance(e, _TRANSPORT_FAILURES):
+            return True
+        if loaded_isinstance(e, "urllib3.exceptions", *_URLLIB3_FAILURES):
+            return True
+        if loaded_isinstance(e, "http.client", "IncompleteRead"):
             return True
         if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
             return True
@@ -301,9 +300,9 @@ def permanent_connect_failure(exc: BaseException) -> str | None:
     for e in related(exc):
         if isinstance(e, socket.gaierror) and e.errno != socket.EAI_AGAIN:
             return "the host name does not resolve; check the base URL for typos"
-        if isinstance(e, ssl.SSLCertVerificationError):
+        if loaded_isinstance(e, "ssl", "SSLCertVerificationError"):
             return "the server's TLS certificate does not verify"
-        if isinstance(e, ssl.SSLError) and getattr(e, "reason", None) in (
+        if loaded_isinstance(e, "ssl", "SSLError") and getattr(e, "reason", None) in (
             "WRONG_VERSION_NUMBER",
             "HTTP_REQUEST",
             "RECORD_LAYER_FAILURE",

@@ -18,13 +18,14 @@ import socket
 import threading
 import time
 from collections.abc import Collection
-from typing import Any
-
-import urllib3.exceptions
-from urllib3.connectionpool import HTTPConnectionPool
+from typing import TYPE_CHECKING, Any
 
 from tinker_sync._runtime.clock import REAL_CLOCK
 from tinker_sync._runtime.fork import make_condition, make_lock, register_after_fork
+
+if TYPE_CHECKING:  # urllib3 loads with the first urllib3 pool (docs/scale-out.md#start-up)
+    import urllib3.exceptions
+    from urllib3.connectionpool import HTTPConnectionPool
 
 
 class _InflightTracker:
@@ -101,6 +102,8 @@ def setup_timeout(
     urllib3 reports it as a read timeout, which reads as "maybe sent"; both request paths
     report it as this instead (docs/transport.md).
     """
+    import urllib3.exceptions
+
     return urllib3.exceptions.ConnectTimeoutError(
         conn, f"Connection to {where} timed out during its {stage}. (connect timeout={seconds})"
     )

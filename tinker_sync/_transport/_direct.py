@@ -41,7 +41,6 @@ with the rest of the transport state (``_pools``), never closed there.
 
 from __future__ import annotations
 
-import http.client
 import logging
 import math
 import os
@@ -55,11 +54,9 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import urllib3.exceptions
-
 from tinker_sync._runtime.fork import make_lock
 from tinker_sync._transport._connection import COALESCE_LIMIT, setup_timeout
-from tinker_sync._transport._replies import ReplyProtocolError, check_length, too_large
+from tinker_sync._transport._replies import check_length, protocol_error, too_large
 from tinker_sync._transport._settings import Verify, ca_locations
 
 try:
@@ -203,7 +200,7 @@ class _Reply:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(self.headers) >= MAX_HEADERS:
-            raise self._stop(ReplyProtocolError(f"more than {MAX_HEADERS} reply headers"))
+            raise self._stop(protocol_error(f"more than {MAX_HEADERS} reply headers"))
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self.headers.get(key)
@@ -215,14 +212,12 @@ class _Reply:
         self.status = status
         if status == 101:
             raise self._stop(
-                ReplyProtocolError("unexpected 101 Switching Protocols (no upgrade was asked)")
+                protocol_error("unexpected 101 Switching Protocols (no upgrade was asked)")
             )
         if 100 <= status < 200:
             self.interim += 1
             if self.interim > MAX_INTERIM:
-                raise self._stop(
-                    ReplyProtocolError(f"more than {MAX_INTERIM} interim (1xx) replies")
-                )
+                raise self._stop(protocol_error(f"more than {MAX_INTERIM} interim (1xx) replies"))
             return
         self.final = True
         declared = self.headers.get("content-length")
@@ -402,26 +397,28 @@ class DirectConnection:
                 return self._at_eof(reply, received)
             received += len(data)
             if not reply.final and received > MAX_HEAD_BYTES:
-                raise ReplyProtocolError(f"reply header block above {MAX_HEAD_BYTES} bytes")
+                raise protocol_error(f"reply header block above {MAX_HEAD_BYTES} bytes")
             try:
                 parser.feed_data(data)
             except httptools.HttpParserCallbackError:
                 if isinstance(reply.error, _Leftover):
                     break
-                raise reply.error or ReplyProtocolError("reply parser failed") from None
+                raise reply.error or protocol_error("reply parser failed") from None
             except httptools.HttpParserUpgrade:
-                raise ReplyProtocolError("unexpected protocol upgrade in a reply") from None
+                raise protocol_error("unexpected protocol upgrade in a reply") from None
             except httptools.HttpParserError as exc:
                 if reply.done:  # junk after a complete reply
                     reply.leftover = True
                     break
-                raise ReplyProtocolError(f"malformed reply: {exc}") from None
+                raise protocol_error(f"malformed reply: {exc}") from None
         reusable = reply.keep_alive and not reply.leftover
         return reply.status, reply.headers, b"".join(reply.body), reusable
 
     @staticmethod
     def _at_eof(reply: _Reply, received: int) -> tuple[int, Headers, bytes, bool]:
         """The peer closed the connection before the reply was complete."""
+        import http.client  # loaded by the first such failure (docs/scale-out.md#start-up)
+
         if received == 0:
             raise http.client.RemoteDisconnected("Remote end closed connection without response")
         headers = reply.headers
@@ -519,6 +516,8 @@ class DirectPool:
     ) -> bytes:
         """The request line and header block, checked like http.client checks them."""
         if _BAD_TARGET.search(target) or not target.isascii():
+            import urllib3.exceptions
+
             raise urllib3.exceptions.LocationValueError(f"invalid request target {target!r}")
         host_line = self._host_line
         for name in headers:
@@ -563,12 +562,18 @@ class DirectPool:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=timeout.connect)
         except socket.gaierror as exc:
+            import urllib3.exceptions
+
             raise urllib3.exceptions.NameResolutionError(self.host, self, exc) from exc  # type: ignore[arg-type]
         except TimeoutError as exc:
+            import urllib3.exceptions
+
             raise urllib3.exceptions.ConnectTimeoutError(
                 self, f"Connection to {where} timed out. (connect timeout={timeout.connect})"
             ) from exc
         except OSError as exc:
+            import urllib3.exceptions
+
             raise urllib3.exceptions.NewConnectionError(
                 self,  # type: ignore[arg-type]
                 f"Failed to establish a new connection: {exc}",
@@ -585,6 +590,8 @@ class DirectPool:
                 except TimeoutError as exc:  # the handshake runs under the connect timeout
                     raise setup_timeout(self, where, "TLS handshake", timeout.connect) from exc
                 except (OSError, ValueError) as exc:
+                    import urllib3.exceptions
+
                     raise urllib3.exceptions.SSLError(exc) from exc
         except BaseException:
             sock.close()

@@ -10,12 +10,10 @@ Thread safety: pure functions.
 
 from __future__ import annotations
 
-import http.client
 import json as _json
 from typing import Any
 
-import urllib3.exceptions
-
+from tinker_sync._lazynp import loaded_isinstance
 from tinker_sync._runtime.causes import related
 from tinker_sync._runtime.redact import scrub
 from tinker_sync._transport._models import Reply
@@ -28,6 +26,10 @@ from tinker_sync.exceptions import (
     RequestSnapshot,
     status_error_class,
 )
+
+_U3 = "urllib3.exceptions"
+"""urllib3's exceptions, checked without importing urllib3 (none exists before it loads; the
+same for http.client's): docs/scale-out.md#start-up."""
 
 #: Longest body excerpt kept in a status error's message (the full body stays on ``.body``).
 MAX_SHOWN_BODY = 2000
@@ -69,7 +71,7 @@ def is_invalid_token(reply: Reply) -> bool:
 
 def _is_programming_error(exc: BaseException) -> bool:
     """A malformed URL or header: a bug to raise as is, not a transport failure."""
-    return isinstance(exc, urllib3.exceptions.LocationValueError)
+    return loaded_isinstance(exc, _U3, "LocationValueError")
 
 
 def map_transport_error(
@@ -89,28 +91,26 @@ def map_transport_error(
     chain = list(related(exc))
     detail = scrub(_describe(exc))[:300]
     if any(
-        isinstance(e, urllib3.exceptions.ConnectTimeoutError)
-        and not isinstance(e, urllib3.exceptions.NewConnectionError)
+        loaded_isinstance(e, _U3, "ConnectTimeoutError")
+        and not loaded_isinstance(e, _U3, "NewConnectionError")
         for e in chain
     ):
         return APIConnectTimeoutError(f"Connect timed out: {detail}", request)
-    refused: tuple[type[BaseException], ...] = (
-        urllib3.exceptions.NewConnectionError,
-        urllib3.exceptions.ClosedPoolError,
-        urllib3.exceptions.ProxyError,
-        urllib3.exceptions.SSLError,
-        ConnectionRefusedError,
-    )
-    if any(isinstance(e, refused) for e in chain):
+    refused = ("NewConnectionError", "ClosedPoolError", "ProxyError", "SSLError")
+    if any(
+        isinstance(e, ConnectionRefusedError) or loaded_isinstance(e, _U3, *refused) for e in chain
+    ):
         return APIConnectError(f"Connection failed: {detail}", request)
-    if any(isinstance(e, (urllib3.exceptions.ReadTimeoutError, TimeoutError)) for e in chain):
+    if any(
+        isinstance(e, TimeoutError) or loaded_isinstance(e, _U3, "ReadTimeoutError") for e in chain
+    ):
         return APITimeoutError(f"Request timed out: {detail}", request)
-    wire: tuple[type[BaseException], ...] = (
-        urllib3.exceptions.HTTPError,
-        http.client.HTTPException,  # IncompleteRead, BadStatusLine, LineTooLong, ...
-        OSError,
-    )
-    if isinstance(exc, wire):
+    # http.client.HTTPException: IncompleteRead, BadStatusLine, LineTooLong, ...
+    if (
+        isinstance(exc, OSError)
+        or loaded_isinstance(exc, _U3, "HTTPError")
+        or loaded_isinstance(exc, "http.client", "HTTPException")
+    ):
         return APIConnectionError(f"Connection error: {detail}", request)
     return None
 

@@ -23,33 +23,44 @@ import functools
 import time
 import urllib.parse
 from collections.abc import Mapping
-
-from urllib3 import BaseHTTPResponse
-from urllib3 import Timeout as _Urllib3Timeout
-from urllib3.util import Retry
+from typing import TYPE_CHECKING
 
 from tinker_sync._config import Timeout
 from tinker_sync._runtime.redact import is_secret_header
 from tinker_sync._transport._connection import DEADLINES
 from tinker_sync._transport._pools import _Route
 from tinker_sync._transport._replies import (
-    ReplyProtocolError,
     attempt_deadline,
     check_length,
     decode,
+    protocol_error,
     too_large,
 )
 from tinker_sync.exceptions import APIConnectionError
 
+if TYPE_CHECKING:  # urllib3 loads with the first urllib3 pool (docs/scale-out.md#start-up)
+    from urllib3 import BaseHTTPResponse
+    from urllib3 import Timeout as _Urllib3Timeout
+    from urllib3.util import Retry
+
 MAX_REDIRECTS = 30
 """Redirects followed per attempt (as requests does); one more is a connection error."""
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-_NO_RETRIES = Retry(total=False, redirect=False)
-"""urllib3 retries nothing and raises the original error (urllib3 reuses this object as is)."""
+
+
+@functools.cache
+def _no_retries() -> Retry:
+    """urllib3 retries nothing and raises the original error (urllib3 reuses this object as
+    is)."""
+    from urllib3.util import Retry
+
+    return Retry(total=False, redirect=False)
 
 
 @functools.lru_cache(maxsize=64)
 def _timeout(timeout: Timeout) -> _Urllib3Timeout:
+    from urllib3 import Timeout as _Urllib3Timeout
+
     return _Urllib3Timeout(connect=timeout.connect, read=timeout.read)
 
 
@@ -74,13 +85,13 @@ def _read(response: BaseHTTPResponse, limit: int, deadline: float | None) -> _Re
     headers = {name.lower(): value for name, value in response.headers.itermerged()}
     try:
         if response.status == 101:
-            raise ReplyProtocolError("unexpected 101 Switching Protocols (no upgrade was asked)")
+            raise protocol_error("unexpected 101 Switching Protocols (no upgrade was asked)")
         if response.status < 200:  # http.client skips only 100 Continue, e.g. not a 103
-            raise ReplyProtocolError(f"interim reply {response.status} where a reply was due")
+            raise protocol_error(f"interim reply {response.status} where a reply was due")
         declared = headers.get("content-length")
         if declared is not None and response.status not in (204, 304):
             if "transfer-encoding" in headers:
-                raise ReplyProtocolError("reply has both Content-Length and Transfer-Encoding")
+                raise protocol_error("reply has both Content-Length and Transfer-Encoding")
             check_length(declared, limit)
         parts: list[bytes] = []
         size = 0
@@ -122,7 +133,7 @@ def _via_manager(
             body=body,
             headers=headers,
             timeout=_timeout(timeout),
-            retries=_NO_RETRIES,
+            retries=_no_retries(),
             redirect=False,
             preload_content=False,
             decode_content=False,
@@ -148,7 +159,7 @@ def _via_origin(
             target,
             body=body,
             headers=headers,
-            retries=_NO_RETRIES,
+            retries=_no_retries(),
             redirect=False,
             assert_same_host=False,
             timeout=_timeout(timeout),

@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 import urllib.parse
 from collections.abc import Collection, Mapping
-
-from urllib3 import PoolManager, ProxyManager
+from typing import TYPE_CHECKING, Any
 
 from tinker_sync._runtime.clock import register_exit_callback
 from tinker_sync._runtime.fork import current_pid, make_lock, register_after_fork
@@ -35,6 +34,9 @@ from tinker_sync._transport._settings import (
 )
 from tinker_sync.exceptions import ClientClosedError
 
+if TYPE_CHECKING:  # urllib3 loads with the first urllib3 pool (docs/scale-out.md#start-up)
+    from urllib3 import HTTPConnectionPool, PoolManager
+
 logger = logging.getLogger("tinker_sync.transport")
 
 BARE_400_BUDGET = 16
@@ -48,7 +50,9 @@ class _Route:
     Requests to the base URL's origin go to ``direct`` when there is one, else straight to
     ``origin`` (path-only request target), skipping the manager's per-request URL parsing;
     ``forward`` is set when a plain-HTTP proxy must see absolute URLs, in which case every
-    request goes through the manager. Redirects always go through the manager.
+    request goes through the manager. Redirects always go through the manager. With a direct
+    pool, the manager and ``origin`` (and urllib3 itself) are built on first use: a redirect,
+    or never (docs/scale-out.md#start-up).
     """
 
     def __init__(
@@ -60,37 +64,72 @@ class _Route:
         pool: Pool | None = None,
     ) -> None:
         proxies, verify = settings
+        self._base_url = base_url
         scheme = urllib.parse.urlsplit(base_url).scheme or "http"
-        kw = connection_settings(size, verify if scheme == "https" else None, pool)
-        proxy = _proxy_for(proxies, scheme)
-        manager: PoolManager
-        if proxy is None:
-            manager = PoolManager(num_pools=4, **kw)
-        elif proxy.lower().startswith("socks"):
-            manager = socks_manager()(proxy, num_pools=4, **kw)
-        else:
-            manager = ProxyManager(proxy, num_pools=4, **kw)
-        self.manager = manager
-        self.forward = isinstance(manager, ProxyManager) and scheme == "http"
-        self.origin = manager.connection_from_url(base_url)
+        self._kw = connection_settings(size, verify if scheme == "https" else None, pool)
+        self._proxy = proxy = _proxy_for(proxies, scheme)
+        # a ProxyManager (not SOCKS) forwards plain-HTTP requests as absolute URLs
+        self.forward = proxy is not None and not _is_socks(proxy) and scheme == "http"
         self.tracker = tracker if tracker is not None else _InflightTracker()
-        use_sdk_connections(self.origin, self.tracker)
         self.limit = max_reply_bytes()  # the reply cap, both paths (docs/transport.md)
+        self._lock = make_lock()
+        self._manager: PoolManager | None = None
+        self._origin: HTTPConnectionPool | None = None
         self.direct: DirectPool | None = None
         if proxy is None:
             self.direct = direct_pool(
                 base_url, size, verify, socket_options(pool), self.tracker, self.limit
             )
+        if self.direct is None:
+            self._build()  # the urllib3 path serves every request: build it now, as before
+
+    def _build(self) -> tuple[PoolManager, HTTPConnectionPool]:
+        with self._lock:
+            if self._manager is None or self._origin is None:
+                from urllib3 import PoolManager, ProxyManager
+
+                proxy, kw = self._proxy, self._kw
+                manager: Any
+                if proxy is None:
+                    manager = PoolManager(num_pools=4, **kw)
+                elif _is_socks(proxy):
+                    manager = socks_manager()(proxy, num_pools=4, **kw)
+                else:
+                    manager = ProxyManager(proxy, num_pools=4, **kw)
+                origin = manager.connection_from_url(self._base_url)
+                use_sdk_connections(origin, self.tracker)
+                self._manager, self._origin = manager, origin
+            return self._manager, self._origin
+
+    @property
+    def manager(self) -> PoolManager:
+        """urllib3's pool manager (built on first use when there is a direct pool)."""
+        manager = self._manager
+        return manager if manager is not None else self._build()[0]
+
+    @property
+    def origin(self) -> HTTPConnectionPool:
+        """urllib3's pool of the base URL's origin (built with :attr:`manager`)."""
+        origin = self._origin
+        return origin if origin is not None else self._build()[1]
 
     def close(self) -> None:
         """Close every connection now (urllib3 2 leaves pools open until collected)."""
         try:
             if self.direct is not None:
                 self.direct.close()
-            self.origin.close()
-            self.manager.clear()
+            with self._lock:
+                manager, origin = self._manager, self._origin
+            if origin is not None:
+                origin.close()
+            if manager is not None:
+                manager.clear()
         except Exception:  # pragma: no cover - best effort
             logger.debug("closing connection pools failed", exc_info=True)
+
+
+def _is_socks(proxy: str) -> bool:
+    return proxy.lower().startswith("socks")
 
 
 _GRAVEYARD: list[object] = []

@@ -16,15 +16,17 @@ Thread safety: pure functions (``max_reply_bytes`` reads ``os.environ``).
 
 from __future__ import annotations
 
-import http.client
+import functools
 import os
 import time
 import zlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import urllib3.exceptions
+if TYPE_CHECKING:  # loaded when an error needs their classes (docs/scale-out.md#start-up)
+    import http.client
 
-if TYPE_CHECKING:
+    import urllib3.exceptions
+
     from tinker_sync._config import Timeout
 
 CODINGS = ("gzip", "deflate")
@@ -43,14 +45,47 @@ DEADLINE_READS = 2
 """An attempt ends at the latest ``connect + DEADLINE_READS * read`` seconds after it began."""
 
 
-class ReplyProtocolError(http.client.HTTPException):
-    """A reply refused as malformed (bad framing, both ``Content-Length`` and
-    ``Transfer-Encoding``, an unexpected 101, too many interim replies, an oversized header
-    block): its connection is closed, never reused."""
+# The two error classes derive from http.client's and urllib3's, which a first sample does not
+# load (docs/scale-out.md#start-up): each is built on first use, and raised through
+# protocol_error() / too_large(); ``_replies.ReplyProtocolError`` etc. still name them.
 
 
-class ReplyTooLargeError(urllib3.exceptions.HTTPError):
-    """A reply body (raw or decoded) above the cap: the connection is closed, never reused."""
+@functools.cache
+def _protocol_error_class() -> type[http.client.HTTPException]:
+    import http.client
+
+    class ReplyProtocolError(http.client.HTTPException):
+        """A reply refused as malformed (bad framing, both ``Content-Length`` and
+        ``Transfer-Encoding``, an unexpected 101, too many interim replies, an oversized header
+        block): its connection is closed, never reused."""
+
+    ReplyProtocolError.__qualname__ = "ReplyProtocolError"
+    return ReplyProtocolError
+
+
+@functools.cache
+def _too_large_class() -> type[urllib3.exceptions.HTTPError]:
+    import urllib3.exceptions
+
+    class ReplyTooLargeError(urllib3.exceptions.HTTPError):
+        """A reply body (raw or decoded) above the cap: the connection is closed, never
+        reused."""
+
+    ReplyTooLargeError.__qualname__ = "ReplyTooLargeError"
+    return ReplyTooLargeError
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ReplyProtocolError":
+        return _protocol_error_class()
+    if name == "ReplyTooLargeError":
+        return _too_large_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def protocol_error(message: str) -> http.client.HTTPException:
+    """A ``ReplyProtocolError`` (an ``http.client.HTTPException``): a malformed reply."""
+    return _protocol_error_class()(message)
 
 
 def max_reply_bytes() -> int:
@@ -85,13 +120,14 @@ def check_length(declared: str, limit: int) -> None:
     before reading its body (raises ``ReplyProtocolError`` or ``ReplyTooLargeError``)."""
     value = declared.strip()
     if not value.isdigit():  # "5, 5" (repeated), "-1", "x": a smuggling shape or garbage
-        raise ReplyProtocolError(f"reply has an invalid Content-Length {value[:40]!r}")
+        raise protocol_error(f"reply has an invalid Content-Length {value[:40]!r}")
     if len(value) > 20 or int(value) > limit:
         raise too_large(limit, "Content-Length")
 
 
-def too_large(limit: int, what: str) -> ReplyTooLargeError:
-    return ReplyTooLargeError(f"reply {what} is larger than the {limit}-byte cap ({MAX_REPLY_ENV})")
+def too_large(limit: int, what: str) -> urllib3.exceptions.HTTPError:
+    """A ``ReplyTooLargeError`` (a urllib3 ``HTTPError``) for a reply above ``limit``."""
+    return _too_large_class()(f"reply {what} is larger than the {limit}-byte cap ({MAX_REPLY_ENV})")
 
 
 def decode(body: bytes, encoding: str, limit: int) -> bytes:
@@ -106,7 +142,7 @@ def decode(body: bytes, encoding: str, limit: int) -> bytes:
     if not codings or not body:
         return body
     if len(codings) > MAX_CODING_LAYERS:
-        raise urllib3.exceptions.DecodeError(
+        raise _decode_error(
             f"Received response with {len(codings)} content codings (at most "
             f"{MAX_CODING_LAYERS} are decoded)."
         )
@@ -117,11 +153,17 @@ def decode(body: bytes, encoding: str, limit: int) -> bytes:
             wbits = zlib.MAX_WBITS if _zlib_header(body) else -zlib.MAX_WBITS  # raw deflate too
             body = _inflate(body, wbits, coding, limit, members=False)
         else:
-            raise urllib3.exceptions.DecodeError(
+            raise _decode_error(
                 f"Received response with content-encoding: {coding[:40]!r}, which the SDK "
                 f"does not decode (it offers {ACCEPT_ENCODING})."
             )
     return body
+
+
+def _decode_error(*args: object) -> urllib3.exceptions.DecodeError:
+    import urllib3.exceptions  # loaded by the first failure (docs/scale-out.md#start-up)
+
+    return urllib3.exceptions.DecodeError(*args)
 
 
 def _zlib_header(body: bytes) -> bool:
@@ -148,7 +190,7 @@ def _inflate(data: bytes, wbits: int, coding: str, limit: int, *, members: bool)
                 raise zlib.error("truncated stream")
             data = inflater.unused_data if members else b""  # gzip: further members follow
     except zlib.error as exc:
-        raise urllib3.exceptions.DecodeError(
+        raise _decode_error(
             f"Received response with content-encoding: {coding}, but failed to decode it.", exc
         ) from exc
     return b"".join(out)

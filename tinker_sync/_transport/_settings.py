@@ -21,11 +21,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+import sys
 import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
-
-from urllib3.connection import HTTPConnection
 
 if TYPE_CHECKING:
     from urllib3 import ProxyManager
@@ -45,17 +44,28 @@ def _environment_settings(base_url: str) -> tuple[dict[str, str], Verify]:
     ``ALL_PROXY`` unless ``NO_PROXY`` bypasses the host, and ``REQUESTS_CA_BUNDLE`` /
     ``CURL_CA_BUNDLE``. Returns ``(proxies by scheme, verify)``.
     """
-    import urllib.request
-
-    host = urllib.parse.urlsplit(base_url).hostname or ""
-    found = urllib.request.getproxies()
     proxies: dict[str, str] = {}
-    if found and not urllib.request.proxy_bypass(host):
-        proxies = {k: v for k, v in found.items() if k in ("http", "https", "all")}
+    if _may_have_proxies():
+        import urllib.request
+
+        host = urllib.parse.urlsplit(base_url).hostname or ""
+        found = urllib.request.getproxies()
+        if found and not urllib.request.proxy_bypass(host):
+            proxies = {k: v for k, v in found.items() if k in ("http", "https", "all")}
     verify: Verify = (
         os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
     )
     return proxies, verify
+
+
+def _may_have_proxies() -> bool:
+    """False when ``urllib.request.getproxies()`` is sure to be empty: elsewhere than macOS and
+    Windows (whose system settings it also reads) it reads only the non-empty ``*_proxy``
+    variables (any case). Spares a first sample importing urllib.request, http.client and
+    email (docs/scale-out.md#start-up)."""
+    if sys.platform == "darwin" or os.name == "nt":
+        return True
+    return any(value and name.lower().endswith("_proxy") for name, value in os.environ.items())
 
 
 def _proxy_for(proxies: Mapping[str, str], scheme: str) -> str | None:
@@ -103,10 +113,15 @@ def _keepalive_options() -> list[SocketOption]:
     return options
 
 
+URLLIB3_DEFAULT_OPTIONS: list[SocketOption] = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+"""urllib3's ``HTTPConnection.default_socket_options`` (``TCP_NODELAY``; a test holds them
+equal), spelled out so the direct path does not load urllib3 (docs/scale-out.md#start-up)."""
+
+
 def socket_options(pool: Pool | None = None) -> list[SocketOption]:
     """The ``setsockopt`` calls for every new connection of ``pool`` (urllib3's
     ``socket_options``): urllib3's defaults (``TCP_NODELAY``) plus TCP keepalive."""
-    return [*HTTPConnection.default_socket_options, *_keepalive_options()]
+    return [*URLLIB3_DEFAULT_OPTIONS, *_keepalive_options()]
 
 
 def connection_settings(
