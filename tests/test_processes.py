@@ -604,9 +604,10 @@ print(json.dumps({"before": before, "after": after}))
 #: (docs/scale-out.md#start-up): numpy (and so no BLAS), urllib3 (the other request path; its
 #: pools are built on first use), requests, and http.client / email / ssl / urllib.request
 #: (their exception classes are checked without importing them; proxies are looked up without
-#: urllib.request when no ``*_proxy`` variable is set).
+#: urllib.request when no ``*_proxy`` variable is set), decimal (a Decimal is recognised without it).
 FIRST_SAMPLE_SKIPS = (
     "numpy",
+    "decimal",
     "urllib3",
     "requests",
     "http.client",

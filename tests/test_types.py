@@ -1442,3 +1442,23 @@ def test_validation_errors_pickle_even_with_an_unpicklable_input():
         T.LoraConfig(rank=threading.Lock())  # type: ignore[arg-type]
     again = pickle.loads(pickle.dumps(info.value))
     assert again.errors()[0]["input"] == repr(info.value.errors()[0]["input"])
+
+
+def test_decimals_coerce_like_numbers_though_decimal_loads_only_with_the_callers_data():
+    """A ``Decimal`` is an int when integral and a bool when 0 or 1 (pydantic's lax rules);
+    ``_coerce`` recognises it without importing ``decimal`` itself (docs/scale-out.md#start-up).
+    """
+    from decimal import Decimal
+
+    from tinker_sync.types._coerce import Invalid, to_bool, to_int
+
+    assert T.SamplingParams(max_tokens=Decimal("5")).max_tokens == 5
+    assert type(to_int(Decimal("7"))) is int
+    with pytest.raises(Invalid):
+        to_int(Decimal("5.5"))
+    with pytest.raises(Invalid):
+        to_int(Decimal("NaN"))
+    assert to_bool(Decimal("1")) is True and to_bool(Decimal("0")) is False
+    with pytest.raises(Invalid):
+        to_bool(Decimal("Infinity"))
+    assert to_bool(1.0) is True

@@ -232,16 +232,20 @@ def _guard_keywords(cls: type, init: Callable[..., None]) -> Callable[..., None]
     """``init`` with unknown keywords as the official types treat them (see
     ``TinkerModel._tinker_ignore_unknown``); costs nothing until the call fails."""
     import functools
-    import inspect
 
-    params = inspect.signature(init).parameters.values()
-    known = frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
+    known: frozenset[str] | None = None  # the keywords ``init`` takes: read on first failure
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal known
         try:
             init(self, *args, **kwargs)
         except TypeError as exc:
+            if known is None:
+                import inspect
+
+                params = inspect.signature(init).parameters.values()
+                known = frozenset(p.name for p in params if p.kind is not p.VAR_KEYWORD)
             unknown = [k for k in kwargs if k not in known]
             if isinstance(exc, ValidationError) or not unknown:
                 raise

@@ -24,15 +24,13 @@ Thread safety: pure functions. Fork safety: no state.
 
 from __future__ import annotations
 
-import decimal
 import enum
 import math
 import operator
-import pickle
 import re
 from typing import Any
 
-from tinker_sync._lazynp import is_ndarray, np_isinstance
+from tinker_sync._lazynp import is_ndarray, loaded_isinstance, np_isinstance
 
 __all__ = [
     "Invalid",
@@ -76,6 +74,8 @@ class Invalid(Exception):
 
 def _picklable(value: Any) -> Any:
     """``value``, or its short repr when it cannot be pickled (a generator, a lock)."""
+    import pickle  # a rejected value only (docs/scale-out.md#start-up)
+
     try:
         pickle.dumps(value)
     except Exception:
@@ -237,7 +237,7 @@ def to_int(value: Any) -> int:
         return _int_from_text(value)
     if isinstance(value, bytes):
         return _int_from_text(_decode(value))
-    if isinstance(value, decimal.Decimal):
+    if loaded_isinstance(value, "decimal", "Decimal"):  # never imports decimal
         if not value.is_finite():
             raise Invalid("finite_number")
         if value != value.to_integral_value():
@@ -303,8 +303,8 @@ def to_bool(value: Any) -> bool:
         if value in (0, 1):
             return value == 1
         raise Invalid("bool_parsing")
-    if isinstance(value, (float, decimal.Decimal)):
-        if isinstance(value, decimal.Decimal) and not value.is_finite():
+    if isinstance(value, float) or loaded_isinstance(value, "decimal", "Decimal"):
+        if not isinstance(value, float) and not value.is_finite():
             raise Invalid("bool_type")
         return _bool_from_number(float(value))
     number = _as_number(value)
