@@ -10,7 +10,8 @@ workers get the API key from their environment, as the scale-out docs recommend.
 1. records the wall clock when its code starts running (``entry``: interpreter up, before
    ``import tinker_sync``), imports tinker_sync, rebuilds the client from the handle and
    samples once (``first``: the time from entry, and from the parent's ``start()``, to that
-   first result is the "first sample" number);
+   first result is the "first sample" number; the CPU its process used in between, all
+   threads, is ``first_sample_cpu_s``, which the machine's load does not inflate);
 2. warms up, reports ready and waits for the go signal shared by all workers of the round;
 3. draws ``n / p`` samples keeping ``concurrency / p`` in flight, and reports its wall-clock
    window and the CPU time its process used (all threads).
@@ -58,7 +59,7 @@ def _child(
     go: Any,
 ) -> None:
     """One worker process (spawn target); reports over ``conn``."""
-    entry = time.time()
+    entry, entry_cpu = time.time(), time.process_time()
     try:
         import tinker_sync
         from tinker_sync import types
@@ -69,7 +70,7 @@ def _child(
         )
         params = types.SamplingParams(max_tokens=int(size["max_tokens"]))
         sampler.sample(prompt, 1, params).result(WAIT_S)
-        first = time.time()
+        first, first_cpu = time.time(), time.process_time() - entry_cpu
 
         def run(count: int) -> None:
             slots = threading.BoundedSemaphore(window)
@@ -84,7 +85,7 @@ def _child(
                 future.result(WAIT_S)
 
         run(int(size["warmup"]))
-        conn.send(("ready", entry, first))
+        conn.send(("ready", entry, first, first_cpu))
         if not go.wait(WAIT_S):
             raise TimeoutError("no go signal")
         cpu0, start = time.process_time(), time.time()
@@ -153,8 +154,9 @@ def one_round(
     return {
         "samples_per_s": total / (end - start),
         "cpu_s_per_sample": sum(d[3] for d in done) / total,
-        "first_sample_s": [first - entry for (_, entry, first), _ in ready],
-        "first_sample_from_launch_s": [first - launched for (_, _, first), launched in ready],
+        "first_sample_s": [first - entry for (_, entry, first, _), _ in ready],
+        "first_sample_from_launch_s": [first - launched for (_, _, first, _), launched in ready],
+        "first_sample_cpu_s": [cpu for (*_, cpu), _ in ready],
     }
 
 
@@ -177,7 +179,11 @@ def bench_scaleout(url: str, api_key: str, size: dict[str, Any]) -> dict[str, An
         handle = service.create_sampling_client(base_model=BASE_MODEL).get_sampler_handle()
         one_round(handle, 1, {**size, "n": 1, "warmup": 0})  # untimed: compiles the imports
         procs = [int(p) for p in size["procs"]]
-        out: dict[str, Any] = {"first_sample_s": [], "first_sample_from_launch_s": []}
+        out: dict[str, Any] = {
+            "first_sample_s": [],
+            "first_sample_from_launch_s": [],
+            "first_sample_cpu_s": [],
+        }
         every_first: list[float] = []
         for p in procs:
             out[f"samples_per_s_{p}"] = []
@@ -186,15 +192,18 @@ def bench_scaleout(url: str, api_key: str, size: dict[str, Any]) -> dict[str, An
             shift = rnd % len(procs)
             firsts: list[float] = []
             from_launch: list[float] = []
+            cpus: list[float] = []
             for p in procs[shift:] + procs[:shift]:
                 got = one_round(handle, p, size)
                 out[f"samples_per_s_{p}"].append(got["samples_per_s"])
                 out[f"cpu_s_per_sample_{p}"].append(got["cpu_s_per_sample"])
                 firsts += got["first_sample_s"]
                 from_launch += got["first_sample_from_launch_s"]
+                cpus += got["first_sample_cpu_s"]
             # one number per repetition: the median over this round's workers (1 + 2 + 4)
             out["first_sample_s"].append(statistics.median(firsts))
             out["first_sample_from_launch_s"].append(statistics.median(from_launch))
+            out["first_sample_cpu_s"].append(statistics.median(cpus))
             every_first += firsts
         out["first_sample_max_s"] = max(every_first)
         # The same start-up through a forkserver that preloaded tinker_sync: the fix for short-

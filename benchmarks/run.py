@@ -449,6 +449,7 @@ ROWS: tuple[Row, ...] = (
         detail=(
             ("max_ms", "scaleout", "first_sample_max_s", 1e3),
             ("from_launch_ms", "scaleout", "first_sample_from_launch_s", 1e3),
+            ("cpu_ms", "scaleout", "first_sample_cpu_s", 1e3),
         ),
     ),
     # P11 (lossy network, benchmarks/_worker_lossy.py): tinker_sync through the TCP fault proxy
