@@ -36,43 +36,18 @@ from tinker_sync.types._input import (
     ModelInputChunk,
     tensor_container_shape,
 )
-from tinker_sync.types._params import (
-    AdamOptimizerConfig,
-    AdamParams,
-    DimuonOptimizerConfig,
-    DimuonParams,
-    LoraConfig,
-    OptimizerConfig,
-    OptimParams,
-    OtherOptimizerConfig,
-    SamplingClientKind,
-    SamplingParams,
-    StopReason,
-)
+from tinker_sync.types._params import SamplingClientKind, SamplingParams, StopReason
 from tinker_sync.types._results import (
     TOPK_SENTINEL_LOGPROB,
     TOPK_SENTINEL_TOKEN,
     ForwardBackwardOutput,
-    GetInfoResponse,
-    GetServerCapabilitiesResponse,
-    LoadWeightsResponse,
-    ModelData,
-    OptimStepResponse,
     PromptAltTokens,
     SampledSequence,
     SampleResponse,
-    SaveWeightsExternalResponse,
-    SaveWeightsForSamplerResponse,
-    SaveWeightsResponse,
-    SupportedModel,
     TopkLogprobs,
     UntypedAPIFuture,
-    WeightsInfoResponse,
 )
 from tinker_sync.types._tensor import TensorData, TensorDtype
-
-SaveWeightsForSamplerResponseInternal = SaveWeightsForSamplerResponse
-SaveWeightsExternalResponseInternal = SaveWeightsExternalResponse
 
 if TYPE_CHECKING:
     from tinker_sync.types._admin import (
@@ -143,6 +118,20 @@ if TYPE_CHECKING:
         SampledProvenanceSpan,
         coerce_loss_fn_input,
         validate_loss_fn,
+    )
+    from tinker_sync.types._opresults import (
+        GetInfoResponse,
+        GetServerCapabilitiesResponse,
+        LoadWeightsResponse,
+        ModelData,
+        OptimStepResponse,
+        SaveWeightsExternalResponse,
+        SaveWeightsExternalResponseInternal,
+        SaveWeightsForSamplerResponse,
+        SaveWeightsForSamplerResponseInternal,
+        SaveWeightsResponse,
+        SupportedModel,
+        WeightsInfoResponse,
     )
     from tinker_sync.types._protocol import (
         AuthTokenRequest,
@@ -217,11 +206,43 @@ if TYPE_CHECKING:
         TrainingRunsResponse,
         WhoamiResponse,
     )
+    from tinker_sync.types._trainparams import (
+        AdamOptimizerConfig,
+        AdamParams,
+        DimuonOptimizerConfig,
+        DimuonParams,
+        LoraConfig,
+        OptimizerConfig,
+        OptimParams,
+        OtherOptimizerConfig,
+    )
 
     TelemetryBatch = TelemetrySendRequest
 
 # Request bodies, protocol replies and REST types load on first access (keeps import cheap).
 _LAZY: dict[str, str] = {
+    # training parameters and results of operations other than sampling: not built for a
+    # first sample (docs/scale-out.md#start-up)
+    "AdamOptimizerConfig": "_trainparams",
+    "AdamParams": "_trainparams",
+    "DimuonOptimizerConfig": "_trainparams",
+    "DimuonParams": "_trainparams",
+    "LoraConfig": "_trainparams",
+    "OptimizerConfig": "_trainparams",
+    "OptimParams": "_trainparams",
+    "OtherOptimizerConfig": "_trainparams",
+    "GetInfoResponse": "_opresults",
+    "GetServerCapabilitiesResponse": "_opresults",
+    "LoadWeightsResponse": "_opresults",
+    "ModelData": "_opresults",
+    "OptimStepResponse": "_opresults",
+    "SaveWeightsExternalResponse": "_opresults",
+    "SaveWeightsExternalResponseInternal": "_opresults",
+    "SaveWeightsForSamplerResponse": "_opresults",
+    "SaveWeightsForSamplerResponseInternal": "_opresults",
+    "SaveWeightsResponse": "_opresults",
+    "SupportedModel": "_opresults",
+    "WeightsInfoResponse": "_opresults",
     "LOSS_FN_INPUT_DTYPES": "_datum",
     "LOSS_FN_TYPES": "_datum",
     "Datum": "_datum",

@@ -1,25 +1,19 @@
-"""Parameters: sampling, optimizers, LoRA, and small literal aliases.
+"""Parameters: sampling, and small literal aliases.
+
+The optimizer and LoRA parameters are in ``_trainparams`` (loaded on first use, so a first
+sample does not build them: docs/scale-out.md#start-up); their old names here still work.
 
 Thread safety: every type here is immutable and safe to share. Fork safety: plain data.
 """
 
-import math
 from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from tinker_sync.types._base import TinkerModel, TinkerRequest, checked, dump
+from tinker_sync.types._base import TinkerRequest, checked
 from tinker_sync.types._coerce import Invalid, to_int, to_str
 
 __all__ = [
-    "AdamOptimizerConfig",
-    "AdamParams",
-    "DimuonOptimizerConfig",
-    "DimuonParams",
-    "LoraConfig",
-    "OptimParams",
-    "OptimizerConfig",
-    "OtherOptimizerConfig",
     "SamplingClientKind",
     "SamplingParams",
     "StopReason",
@@ -70,85 +64,24 @@ class SamplingParams(TinkerRequest):
     top_p: float = 1.0
 
 
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class AdamParams(TinkerRequest):
-    """AdamW step hyperparameters (decoupled weight decay; ``grad_clip_norm=0`` disables clipping)."""
-
-    learning_rate: float = 0.0001
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
-
-
-def _finite(inst: Any, attribute: Any, value: float) -> None:
-    if not math.isfinite(value):
-        raise ValueError(f"DimuonParams.{attribute.name} must be finite, got {value}")
+_MOVED = frozenset(
+    {
+        "AdamOptimizerConfig",
+        "AdamParams",
+        "DimuonOptimizerConfig",
+        "DimuonParams",
+        "LoraConfig",
+        "OptimParams",
+        "OptimizerConfig",
+        "OtherOptimizerConfig",
+    }
+)
+"""The names that moved to ``_trainparams`` (for imports and pickles that name this module)."""
 
 
-def _non_negative(inst: Any, attribute: Any, value: float) -> None:
-    if value < 0:
-        raise ValueError(f"DimuonParams.{attribute.name} must be >= 0, got {value}")
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        from tinker_sync.types import _trainparams
 
-
-def _beta(inst: Any, attribute: Any, value: float) -> None:
-    if not 0 <= value < 1:
-        raise ValueError(f"DimuonParams.{attribute.name} must be in [0, 1), got {value}")
-
-
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class DimuonParams(TinkerRequest):
-    """Dimuon step hyperparameters: ``DimuonParams(learning_rate=0.02)``."""
-
-    type: Literal["dimuon"] = "dimuon"
-    learning_rate: float = attrs.field(validator=[_finite, _non_negative])
-    grad_clip_norm: float = attrs.field(default=0.0, validator=_finite)
-    beta1: float = attrs.field(default=0.9, validator=[_finite, _beta])
-
-
-OptimParams: TypeAlias = AdamParams | DimuonParams
-"""Per-step optimizer hyperparameters (the family must match the model's optimizer)."""
-
-
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class AdamOptimizerConfig(TinkerRequest):
-    """Selects AdamW at model creation (the default)."""
-
-    type: Literal["adamw"] = "adamw"
-
-
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class DimuonOptimizerConfig(TinkerRequest):
-    """Selects Dimuon at model creation."""
-
-    type: Literal["dimuon"] = "dimuon"
-    version: Literal[1] = 1
-
-
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class OtherOptimizerConfig(TinkerModel):
-    """An optimizer family this SDK does not know, kept with its extra keys (server replies)."""
-
-    type: str
-    extra: dict[str, Any] = attrs.field(factory=dict)
-
-    def _tinker_dump(self, json: bool, drop_none: bool, wire: bool) -> dict[str, Any]:
-        out = {k: dump(v, json, drop_none, wire) for k, v in self.extra.items()}
-        out["type"] = self.type
-        return out
-
-
-OptimizerConfig: TypeAlias = AdamOptimizerConfig | DimuonOptimizerConfig | OtherOptimizerConfig
-"""The optimizer family chosen at model creation."""
-
-
-@attrs.frozen(kw_only=True, field_transformer=checked)
-class LoraConfig(TinkerRequest):
-    """LoRA settings: ``LoraConfig(rank=32)``; ``seed`` is omitted on the wire when None."""
-
-    rank: int
-    seed: int | None = None
-    train_unembed: bool = True
-    train_mlp: bool = True
-    train_attn: bool = True
+        return getattr(_trainparams, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,25 +16,26 @@ from tinker_sync.exceptions import RequestErrorCategory
 from tinker_sync.types._base import TinkerModel, TinkerRequest, checked
 from tinker_sync.types._coerce import ValidationError
 from tinker_sync.types._input import ModelInput
-from tinker_sync.types._params import (
-    AdamOptimizerConfig,
-    AdamParams,
-    LoraConfig,
-    OptimizerConfig,
-    OptimParams,
-    SamplingClientKind,
-    SamplingParams,
-)
-from tinker_sync.types._results import (
-    ForwardBackwardOutput,
+from tinker_sync.types._opresults import (
     LoadWeightsResponse,
     OptimStepResponse,
     SaveWeightsExternalResponse,
     SaveWeightsForSamplerResponse,
     SaveWeightsResponse,
+)
+from tinker_sync.types._params import SamplingClientKind, SamplingParams
+from tinker_sync.types._results import (
+    ForwardBackwardOutput,
     UntypedAPIFuture,  # with the results: the sampling path needs it, not this module
 )
 from tinker_sync.types._tensor import TensorData
+from tinker_sync.types._trainparams import (
+    AdamOptimizerConfig,
+    AdamParams,
+    LoraConfig,
+    OptimizerConfig,
+    OptimParams,
+)
 
 __all__ = [
     "AuthTokenRequest",
