@@ -572,6 +572,8 @@ def test_spawned_worker_sampling_over_http_skips_modules_it_does_not_need(srv, s
     assert "tinker_sync.types._results" in loaded  # the sample's own types (not vacuous)
     assert "cattrs" not in tops  # the JSON converter is built on the first typed parse
     assert "tinker_sync.types._datum" not in loaded  # Datum & co.: training only
+    assert "tinker_sync.types._trainparams" not in loaded  # optimizer and LoRA parameters
+    assert "tinker_sync.types._opresults" not in loaded  # results of the other operations
 
 
 FIRST_SAMPLE_SCRIPT = r"""

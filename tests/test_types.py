@@ -1462,3 +1462,30 @@ def test_decimals_coerce_like_numbers_though_decimal_loads_only_with_the_callers
     with pytest.raises(Invalid):
         to_bool(Decimal("Infinity"))
     assert to_bool(1.0) is True
+
+
+def test_types_that_load_on_first_use_keep_their_old_module_paths():
+    """The training parameters and the results of non-sampling operations load on first use
+    (docs/scale-out.md#start-up); the module paths they had still name the same classes, so
+    imports and pickles that use them keep working."""
+    from tinker_sync.types import _params, _results
+
+    for module, name in [
+        (_params, "AdamParams"),
+        (_params, "LoraConfig"),
+        (_params, "OptimizerConfig"),
+        (_results, "OptimStepResponse"),
+        (_results, "GetServerCapabilitiesResponse"),
+        (_results, "checkpoint_console_url"),
+    ]:
+        assert getattr(module, name) is getattr(T, name, None) or name.startswith("checkpoint")
+    assert _results.checkpoint_console_url is not None
+    with pytest.raises(AttributeError):
+        _results.NoSuchName  # noqa: B018
+    assert not hasattr(_params, "__path__")  # a plain module, as `from ... import` checks
+    value = T.OptimStepResponse(metrics={"loss": 1.0})
+    # a pickle written when the class lived in _results (protocol 2 names it in plain text)
+    new = pickle.dumps(value, protocol=2)
+    old = new.replace(b"tinker_sync.types._opresults\n", b"tinker_sync.types._results\n")
+    assert old != new and pickle.loads(old) == value
+    assert T.SaveWeightsForSamplerResponseInternal is T.SaveWeightsForSamplerResponse
