@@ -606,10 +606,16 @@ print(json.dumps({"before": before, "after": after}))
 #: (docs/scale-out.md#start-up): numpy (and so no BLAS), urllib3 (the other request path; its
 #: pools are built on first use), requests, and http.client / email / ssl / urllib.request
 #: (their exception classes are checked without importing them; proxies are looked up without
-#: urllib.request when no ``*_proxy`` variable is set), decimal (a Decimal is recognised without it).
+#: urllib.request when no ``*_proxy`` variable is set), decimal (a Decimal is recognised without
+#: it), and the types of the other operations (protocol requests, REST, training parameters and
+#: results): a ServiceClient builds them on first use.
 FIRST_SAMPLE_SKIPS = (
     "numpy",
     "decimal",
+    "tinker_sync.types._protocol",
+    "tinker_sync.types._rest",
+    "tinker_sync.types._trainparams",
+    "tinker_sync.types._opresults",
     "urllib3",
     "requests",
     "http.client",

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from tinker_sync import _pending
+from tinker_sync import _pending, types  # its names load on first use (docs/scale-out.md)
 from tinker_sync._config import ClientConfig, HealthPolicy, Timeout, normalize_base_url
 from tinker_sync._flow.health import (
     PendingFuture,
@@ -50,24 +50,20 @@ from tinker_sync.exceptions import (
     NotFoundError,
     UnprocessableEntityError,
 )
-from tinker_sync.types import (
-    AdamOptimizerConfig,
-    CreateModelResponse,
-    GetInfoResponse,
-    GetSamplerResponse,
-    GetServerCapabilitiesResponse,
-    LoadWeightsResponse,
-    LoraConfig,
-    OptimizerConfig,
-    ParsedCheckpointTinkerPath,
-    UntypedAPIFuture,
-)
+from tinker_sync.types import UntypedAPIFuture
 
 if TYPE_CHECKING:
     from tinker_sync._sampling.retry import RetryConfig
     from tinker_sync.rest_client import RestClient
     from tinker_sync.sampling_client import SamplingClient
     from tinker_sync.training_client import LossHandle, PerDatumLossFn, TrainingClient
+    from tinker_sync.types import (
+        GetInfoResponse,
+        GetSamplerResponse,
+        GetServerCapabilitiesResponse,
+        LoraConfig,
+        OptimizerConfig,
+    )
 
 log = logging.getLogger("tinker_sync.service")
 
@@ -260,7 +256,7 @@ class ServiceClient:
             raise ValueError("base_model must be a non-empty str")
         if not (train_mlp or train_attn or train_unembed):
             raise ValueError("at least one of train_mlp, train_attn, train_unembed must be True")
-        lora = LoraConfig(
+        lora = types.LoraConfig(
             rank=rank,
             seed=seed,
             train_unembed=train_unembed,
@@ -293,7 +289,7 @@ class ServiceClient:
                 "model_seq_id": model_seq,
                 "base_model": base_model,
                 "lora_config": to_json(lora),
-                "optimizer_config": to_json(optimizer or AdamOptimizerConfig()),
+                "optimizer_config": to_json(optimizer or types.AdamOptimizerConfig()),
                 "type": "create_model",
             }
             if user_metadata is not None:
@@ -303,7 +299,7 @@ class ServiceClient:
             created = self._submit_and_wait(
                 RequestSpec(method="POST", path="/api/v1/create_model", pool=Pool.TRAIN, json=body),
                 "CreateModel",
-                lambda d: from_json(CreateModelResponse, d.body),
+                lambda d: from_json(types.CreateModelResponse, d.body),
                 loop=False,
                 observer=QueueStateReporter(
                     "training", session.clock, identifier=base_model, prefix="Model creation"
@@ -326,7 +322,7 @@ class ServiceClient:
                 json={"model_id": model_id, "type": "get_info"},
             )
         )
-        info = reply.parse(GetInfoResponse)
+        info = reply.parse(types.GetInfoResponse)
         tokenizer_id = info.model_data.tokenizer_id
         if tokenizer_id and ":" in tokenizer_id:
             info = info.model_copy(
@@ -348,7 +344,7 @@ class ServiceClient:
         optimizer: OptimizerConfig | None = None,
     ) -> TrainingClient:
         """A new run initialised from checkpoint weights; the optimizer starts fresh (awaitable)."""
-        ParsedCheckpointTinkerPath.from_tinker_path(path)
+        types.ParsedCheckpointTinkerPath.from_tinker_path(path)
         return _pending.create(
             _pending_training_client,
             "create_training_client_from_state",
@@ -375,7 +371,7 @@ class ServiceClient:
 
         Awaitable too, like every creation method.
         """
-        ParsedCheckpointTinkerPath.from_tinker_path(path)
+        types.ParsedCheckpointTinkerPath.from_tinker_path(path)
         return _pending.create(
             _pending_training_client,
             "create_training_client_from_state_with_optimizer",
@@ -439,7 +435,7 @@ class ServiceClient:
                         method="POST", path="/api/v1/load_weights", pool=Pool.TRAIN, json=body
                     ),
                     "LoadWeights",
-                    lambda d: from_json(LoadWeightsResponse, d.body),
+                    lambda d: from_json(types.LoadWeightsResponse, d.body),
                     observer=QueueStateReporter(
                         "training", session.clock, identifier=path, prefix="Model creation"
                     ),
@@ -578,7 +574,7 @@ class ServiceClient:
                 method="GET", path=f"/api/v1/samplers/{quote_path(sampler_id)}", pool=Pool.TRAIN
             )
         )
-        return from_json(GetSamplerResponse, reply.json())
+        return from_json(types.GetSamplerResponse, reply.json())
 
     # ---------------------------------------------------------------- other operations
 
