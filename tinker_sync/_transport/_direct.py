@@ -417,17 +417,18 @@ class DirectConnection:
     @staticmethod
     def _at_eof(reply: _Reply, received: int) -> tuple[int, Headers, bytes, bool]:
         """The peer closed the connection before the reply was complete."""
-        import http.client  # loaded by the first such failure (docs/scale-out.md#start-up)
-
-        if received == 0:
-            raise http.client.RemoteDisconnected("Remote end closed connection without response")
         headers = reply.headers
         if (
-            reply.final
+            received != 0
+            and reply.final
             and "content-length" not in headers
             and "chunked" not in headers.get("transfer-encoding", "").lower()
         ):  # a close-delimited body ends here
             return reply.status, headers, b"".join(reply.body), False
+        import http.client  # loaded by the first such failure (docs/scale-out.md#start-up)
+
+        if received == 0:
+            raise http.client.RemoteDisconnected("Remote end closed connection without response")
         raise http.client.IncompleteRead(b"".join(reply.body))
 
 
