@@ -530,14 +530,13 @@ def socket_read_timeout(sock: socket.socket) -> float | None:
 
 
 @pytest.mark.skipif(not _direct.KERNEL_TIMEOUTS, reason="kernel socket timeouts: 64-bit Linux")
+@pytest.mark.parametrize("transport_path", ["direct"], indirect=True)  # the direct path's sockets
 def test_a_plain_connection_is_blocking_with_kernel_timeouts(
     stub: Stub, transport_path: str
 ) -> None:
     """No poll before each send and read (each would release the GIL once more,
     docs/transport.md): the socket blocks and the kernel keeps the timeouts (in its clock
     ticks: a few milliseconds)."""
-    if transport_path != "direct":
-        pytest.skip("the direct path's sockets")
     seen: list[tuple[float | None, float | None, float | None]] = []
     real_read = _direct.DirectConnection.read_reply
 
