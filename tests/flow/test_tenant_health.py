@@ -243,10 +243,9 @@ def test_300_samples_on_a_paused_server_log_a_few_info_lines(server, make_client
     server.app.pause("paused_rate_limit", "too many samplers", "sampling")
     with caplog.at_level(logging.INFO, logger="tinker_sync"):
         futures = [sampler.sample(PROMPT, 1, PARAMS) for _ in range(300)]
-        polls = server.requests.count("retrieve_future")
         tenant = tenant_of(client)
-        # every future polled and answered paused; then the tenant's polls go one at a time
-        until(lambda: server.requests.count("retrieve_future") >= polls + 300)
+        # once a poll is answered paused, the tenant's polls go one at a time: the others wait
+        # at its gate (how many polled before the pause was known depends on the machine's load)
         until(lambda: tenant.pause_waiting >= 250)
         answered = server.requests.count("retrieve_future")
         until(lambda: server.requests.count("retrieve_future") >= answered + 3)
