@@ -108,6 +108,33 @@ def test_the_first_success_closes_it_refills_the_budget_and_wakes_the_parked_wor
     assert tenant.state == CLOSED
 
 
+def test_outcomes_of_attempts_sent_before_the_opening_or_the_probe_decide_nothing() -> None:
+    """A long poll the server held through an outage is answered after the circuit opened: its
+    answer does not close it (it released every parked request at once, a connect storm);
+    while the probe is out, a failure of an attempt sent before it does not fail the probe."""
+    tenant, clock, timers = make(rng=0.0)
+    sent_before = clock.monotonic()  # a long poll goes out while the tenant is healthy
+    clock.advance(1.0)
+    open_it(tenant)
+    tenant.success(sent_at=sent_before)  # the held poll is answered now
+    assert tenant.state == OPEN and tenant.stale_successes == 1
+    assert tenant.turn() is Turn.WAIT
+    clock.advance(timers.calls[-1][0])
+    assert tenant.turn() is Turn.PROBE
+    probe_sent = clock.monotonic()
+    tenant.success(sent_at=sent_before)
+    clock.advance(0.5)
+    tenant.failure(("asample", "old"), "APIConnectionError", sent_at=sent_before)
+    assert tenant.state == HALF_OPEN and tenant.turn() is Turn.WAIT  # the probe is still out
+    assert tenant.snapshot()["failed_probes"] == 0
+    tenant.failure(("asample", "probe"), "APIConnectionError", sent_at=probe_sent)
+    assert tenant.state == OPEN and tenant.snapshot()["failed_probes"] == 1
+    clock.advance(timers.calls[-1][0])
+    assert tenant.turn() is Turn.PROBE
+    tenant.success(sent_at=clock.monotonic())  # the probe's answer closes it
+    assert tenant.state == CLOSED and tenant.stale_successes == 2
+
+
 def test_a_probe_without_an_answer_within_its_lease_counts_as_failed() -> None:
     tenant, clock, timers = make(rng=0.0, probe_lease_s=90.0)
     open_it(tenant)

@@ -16,7 +16,8 @@ States (docs/health.md draws them)::
               no success between; or a retry finds the budget empty)--> OPEN
     OPEN --(the probe delay has passed)--> HALF_OPEN: the next caller sends the one probe
     HALF_OPEN --(a failure, or no answer within probe_lease_s)--> OPEN, next delay doubled
-    OPEN / HALF_OPEN --(any success)--> CLOSED: the budget is full again, parked work resumes
+    OPEN / HALF_OPEN --(a success of an attempt sent after the opening)--> CLOSED: the budget
+              is full again, parked work resumes
 
 The probe delay is ``min(probe_initial_s * 2^n, probe_max_s) * (1 - probe_jitter * r)``, ``n``
 the failed probes so far and ``r`` the SDK clock's injectable random draw. The state is derived
@@ -136,6 +137,7 @@ class TenantHealth:
         self.opens = 0
         self.probes = 0
         self.expired_probes = 0  # probes whose lease ended before they reported
+        self.stale_successes = 0  # answers to attempts sent before the opening (not closing)
         self.waiting = 0
         self._last_summary = -math.inf
         self._listeners: list[Callable[[], object]] = []
@@ -188,10 +190,13 @@ class TenantHealth:
 
     # ---------------------------------------------------------------- outcomes
 
-    def success(self, refund: int | None = None) -> None:
+    def success(self, refund: int | None = None, *, sent_at: float | None = None) -> None:
         """A request got an answer (not 5xx, not 429): refund, and close if not closed.
 
         ``refund`` (the cost of the retry that succeeded) replaces ``success_refund``.
+        ``sent_at`` (this tenant's clock) is when the answered attempt began: an answer to an
+        attempt sent before the circuit opened (a long poll the server held through the
+        outage) does not close it; the probe decides. None: an answer of now.
         """
         with self._lock:
             self.successes += 1
@@ -203,6 +208,9 @@ class TenantHealth:
             self._failures.clear()
             if self._state == CLOSED:
                 self._close_shared_record_locked()  # opened by another process: an answer
+                return
+            if sent_at is not None and self.opened_at is not None and sent_at <= self.opened_at:
+                self.stale_successes += 1
                 return
             now = self.clock.monotonic()
             opened_at = self.opened_at if self.opened_at is not None else now
@@ -218,8 +226,14 @@ class TenantHealth:
         )
         self._notify(listeners)
 
-    def failure(self, key: Hashable, what: str, *, timeout: bool = False) -> None:
-        """An attempt of request ``key`` failed server-wide (5xx, connection, timeout)."""
+    def failure(
+        self, key: Hashable, what: str, *, timeout: bool = False, sent_at: float | None = None
+    ) -> None:
+        """An attempt of request ``key`` failed server-wide (5xx, connection, timeout).
+
+        ``sent_at`` (this tenant's clock): when the attempt began. While the probe is out, a
+        failure of an attempt sent before it says nothing of the probe. None: sent now.
+        """
         del timeout  # the budget charges timeouts more; the breaker counts them alike
         reason: str | None = None
         summary: str | None = None
@@ -232,6 +246,8 @@ class TenantHealth:
             if not policy.enabled:
                 return
             if self._state == HALF_OPEN and self._probe_sent is not None:
+                if sent_at is not None and sent_at < self._probe_sent:
+                    return
                 self._reopen_locked(now)
                 summary = self._summary_due_locked(now)
             elif self._state == CLOSED:
@@ -396,6 +412,7 @@ class TenantHealth:
                 "probes": self.probes,
                 "failed_probes": self._failed_probes,
                 "expired_probes": self.expired_probes,
+                "stale_successes": self.stale_successes,
                 "next_probe_in": (max(0.0, self._probe_due - now) if self._state == OPEN else None),
                 "waiting": self.waiting,
                 "paused": dict(self._paused),

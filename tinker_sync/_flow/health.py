@@ -333,12 +333,18 @@ class Health:
             return  # requests cut short by close() or Ctrl-C say nothing about the server
         tenant = self.tenant
         if tenant is not None:
+            # When the attempt began, on the tenant's clock: an outcome of an attempt sent
+            # before the circuit opened (or before its probe) decides nothing (docs/health.md).
+            started = data.get("started")
+            if started is None or tenant.clock is not self.clock:  # another session's clock
+                started = tenant.clock.monotonic() - float(data.get("duration") or 0.0)
             if error is not None or status >= 500:
                 what = error if error is not None else f"HTTP {status}"
                 key = (data.get("path"), data.get("idempotency_key"))
-                tenant.failure(key, what, timeout=error is not None and "Timeout" in error)
+                timeout = error is not None and "Timeout" in error
+                tenant.failure(key, what, timeout=timeout, sent_at=started)
             else:  # an answer: the server is up (a 429 refunds nothing; the limiter paces it)
-                tenant.success(refund=0 if status == 429 else None)
+                tenant.success(refund=0 if status == 429 else None, sent_at=started)
         if error is not None or status in _GATEWAY_STATUSES:
             what = error if error is not None else f"HTTP {status}"
             self.failed(what, data.get("path"), connect=what in _CONNECT_ERRORS)

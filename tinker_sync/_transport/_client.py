@@ -226,7 +226,7 @@ class Transport:
                 raise raised  # noqa: B904 (unchanged: it is not ours to chain)
             duration = self.clock.monotonic() - start
             mapped = map_transport_error(exc, RequestSnapshot(spec.method, url, headers))
-            self._emit_request(spec, attempt, None, duration, type(mapped or exc).__name__)
+            self._emit_request(spec, attempt, None, start, duration, type(mapped or exc).__name__)
             if debug:
                 logger.debug("HTTP %s %s failed: %r", spec.method, spec.path, mapped or exc)
             if mapped is None:
@@ -257,7 +257,7 @@ class Transport:
         if "x-deprecation-note" in reply_headers:
             _log_deprecation(reply_headers)
         if self.hooks or _hooks.has_global_hooks():
-            self._emit_request(spec, attempt, status, duration, None)
+            self._emit_request(spec, attempt, status, start, duration, None)
         return reply
 
     def _emit_request(
@@ -265,6 +265,7 @@ class Transport:
         spec: RequestSpec,
         attempt: int,
         status: int | None,
+        started: float,
         duration: float,
         error: str | None,
     ) -> None:
@@ -275,6 +276,7 @@ class Transport:
             path=spec.path,
             pool=spec.pool.value,
             status=status,
+            started=started,
             duration=duration,
             attempt=attempt,
             error=error,

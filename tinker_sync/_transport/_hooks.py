@@ -25,9 +25,10 @@ logger = logging.getLogger("tinker_sync.transport")
 class HookEvent:
     """One observation for hooks: ``kind`` (``"request"``, ``"retry_scheduled"``, ...) + fields.
 
-    ``request`` fields: method, path, pool, status (None on a transport error), duration,
-    attempt, error (exception class name or None). ``retry_scheduled``: delay, reason, attempt,
-    method, path. Values never contain secrets.
+    ``request`` fields: method, path, pool, status (None on a transport error), started (the
+    transport clock's monotonic reading when the attempt began), duration, attempt, error
+    (exception class name or None). ``retry_scheduled``: delay, reason, attempt, method, path.
+    Values never contain secrets.
     """
 
     kind: str
