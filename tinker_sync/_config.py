@@ -329,7 +329,7 @@ class HealthPolicy:
     open_after: int = 5
     open_after_distinct: int = 3
     probe_initial_s: float = 1.0
-    probe_max_s: float = 30.0
+    probe_max_s: float = 10.0
     probe_jitter: float = 0.5
     probe_lease_s: float = 90.0
     retry_capacity: int = 500

@@ -84,7 +84,7 @@ def test_one_probe_at_a_time_on_a_capped_jittered_schedule() -> None:
         assert tenant.turn() is Turn.WAIT
         tenant.failure(("probe", failed), "HTTP 503")
         assert tenant.state == OPEN
-    assert delays == [0.75, 1.5, 3.0, 6.0, 12.0, 22.5, 22.5, 22.5]
+    assert delays == [0.75, 1.5, 3.0, 6.0, 7.5, 7.5, 7.5, 7.5]  # capped at probe_max_s (10 s)
     assert tenant.probes == 8
 
 

@@ -151,7 +151,7 @@ def test_an_outage_parks_polls_and_training_sends_which_resume_in_order(server, 
 
 
 def test_close_while_the_circuit_is_open_ends_the_parked_work(server, make_client):
-    client = make_client(health=HealthPolicy(probe_initial_s=30.0))
+    client = make_client(health=HealthPolicy(probe_initial_s=30.0, probe_max_s=30.0))
     training = client.create_lora_training_client(base_model="base", rank=4)
     sampler = client.create_sampling_client(base_model=BASE)
     sampler.sample(PROMPT, 1, PARAMS).result(HANG)
@@ -168,7 +168,7 @@ def test_close_while_the_circuit_is_open_ends_the_parked_work(server, make_clien
 
 
 def test_fail_fast_new_calls_raise_circuit_open_error(server, make_client):
-    client = make_client(health=HealthPolicy(fail_fast=True, probe_initial_s=30.0))
+    client = make_client(health=HealthPolicy(fail_fast=True, probe_initial_s=30.0, probe_max_s=30.0))
     sampler = client.create_sampling_client(base_model=BASE)
     sampler.sample(PROMPT, 1, PARAMS).result(HANG)
     tenant = tenant_of(client)
