@@ -608,9 +608,10 @@ print(json.dumps({"before": before, "after": after}))
 
 #: What a first sample over plain http on the direct path must not import
 #: (docs/scale-out.md#start-up): numpy (and so no BLAS), urllib3 (the other request path; its
-#: pools are built on first use), requests, and http.client / email / ssl / urllib.request
-#: (their exception classes are checked without importing them; proxies are looked up without
-#: urllib.request when no ``*_proxy`` variable is set), decimal (a Decimal is recognised without
+#: pools are built on first use), requests and urllib.request (urllib3's exception classes are
+#: checked without importing it; proxies are looked up without urllib.request when no
+#: ``*_proxy`` variable is set; http.client, with email and ssl, is imported: see _direct.py),
+#: decimal (a Decimal is recognised without
 #: it), and the types of the other operations (protocol requests, REST, training parameters and
 #: results): a ServiceClient builds them on first use.
 FIRST_SAMPLE_SKIPS = (
@@ -622,9 +623,6 @@ FIRST_SAMPLE_SKIPS = (
     "tinker_sync.types._opresults",
     "urllib3",
     "requests",
-    "http.client",
-    "email",
-    "ssl",
     "urllib.request",
 )
 
