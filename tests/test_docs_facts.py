@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tinker_sync import _config, checkpoints
+from tinker_sync import _config, _futures, checkpoints
 from tinker_sync._flow import breaker, hedge, limiter, retry, sharedbackoff, sharedcircuit
 from tinker_sync._polling import decide, hold, poller
 from tinker_sync._runtime import executor
@@ -119,6 +119,9 @@ FACTS: list[Fact] = [
         [_config.DEFAULT_CONNECT_TIMEOUT, _config.DEFAULT_TIMEOUT],
     ),
     Fact(r"min\(2\^n, (\d+)\)", [retry.HOLDER_MAX_WAIT], where="guarantees.md"),
+    Fact(
+        r"`MAIN_WAIT_SLICE_S` \(([\d.]+) s\)", [_futures.MAIN_WAIT_SLICE_S], where="guarantees.md"
+    ),
     Fact(r"min\(2\^n, (\d+)\)", [retry.HOLDER_MAX_WAIT], where="tinker_sync/_flow/"),
     Fact(r"total stays within (\d+) s", [retry.HOLDER_BUDGET_S]),
     Fact(r"a 402 pauses (\d+) s at a time", [retry.BILLING_PAUSE_S]),

@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("tinker_sync.futures")
 
+#: The main thread waits in ``result()`` in slices this long: a signal (Ctrl-C) that arrives
+#: just before its wait blocks, or is taken by another thread, interrupts no system call, and
+#: its handler runs only when the main thread next runs Python code (docs/guarantees.md).
+MAIN_WAIT_SLICE_S = 0.25
+
 _pending: weakref.WeakSet[APIFuture[Any]] = weakref.WeakSet()
 _pending_lock = threading.Lock()
 
@@ -199,6 +204,8 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
         ):
             self._run_inline()
         try:
+            if timeout is None and threading.current_thread() is threading.main_thread():
+                self._wait_in_slices()
             return super().result(timeout)
         except concurrent.futures.TimeoutError as exc:
             if exc is self._exception:
@@ -218,6 +225,13 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
             if raised is not None and raised is not exc:
                 raise raised  # noqa: B904 (unchanged: it is the caller's own)
             raise
+
+    def _wait_in_slices(self) -> None:
+        """Until done, wait at most :data:`MAIN_WAIT_SLICE_S` at a time (main thread only)."""
+        condition = self._condition
+        with condition:
+            while not self.done():
+                condition.wait(MAIN_WAIT_SLICE_S)
 
     def _timeout_message(self, timeout: float | None) -> str:
         what = self._description or "the operation"
