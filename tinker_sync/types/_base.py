@@ -91,6 +91,25 @@ class FieldInfo:
 _MODEL_FIELDS: dict[type, dict[str, FieldInfo]] = {}
 
 
+def moved_names(module: str, target: str, names: Iterable[str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``names`` that moved from ``module`` to ``target``: read
+    from ``target`` (imported on first access), so old imports and pickles that name
+    ``module`` still resolve (docs/scale-out.md#start-up).
+
+    Usage, at the end of the old module: ``__getattr__ = moved_names(__name__, target, names)``.
+    """
+    moved = frozenset(names)
+
+    def __getattr__(name: str) -> Any:
+        if name in moved:
+            import importlib
+
+            return getattr(importlib.import_module(target), name)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
 def model_fields_of(cls: type) -> dict[str, FieldInfo]:
     """The ``model_fields`` mapping of a model class (public fields, in declaration order)."""
     cached = _MODEL_FIELDS.get(cls)

@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from tinker_sync.types._base import TinkerRequest, checked
+from tinker_sync.types._base import TinkerRequest, checked, moved_names
 from tinker_sync.types._coerce import Invalid, to_int, to_str
 
 __all__ = [
@@ -64,8 +64,11 @@ class SamplingParams(TinkerRequest):
     top_p: float = 1.0
 
 
-_MOVED = frozenset(
-    {
+#: The names that moved to ``_trainparams`` (for imports and pickles that name this module).
+__getattr__ = moved_names(
+    __name__,
+    "tinker_sync.types._trainparams",
+    (
         "AdamOptimizerConfig",
         "AdamParams",
         "DimuonOptimizerConfig",
@@ -74,14 +77,5 @@ _MOVED = frozenset(
         "OptimParams",
         "OptimizerConfig",
         "OtherOptimizerConfig",
-    }
+    ),
 )
-"""The names that moved to ``_trainparams`` (for imports and pickles that name this module)."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from tinker_sync.types import _trainparams
-
-        return getattr(_trainparams, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,14 @@ from typing import Any, ClassVar
 import attrs
 
 from tinker_sync._lazynp import AnyArray, is_ndarray, np_isinstance
-from tinker_sync.types._base import TinkerDataclass, TinkerModel, check_for, checked, dump
+from tinker_sync.types._base import (
+    TinkerDataclass,
+    TinkerModel,
+    check_for,
+    checked,
+    dump,
+    moved_names,
+)
 from tinker_sync.types._params import StopReason
 from tinker_sync.types._tensor import TensorData
 
@@ -617,8 +624,11 @@ class UntypedAPIFuture(TinkerModel):
     sample_sequence_ids: list[str] | None = None
 
 
-_MOVED = frozenset(
-    {
+#: The names that moved to ``_opresults`` (for imports and pickles that name this module).
+__getattr__ = moved_names(
+    __name__,
+    "tinker_sync.types._opresults",
+    (
         "GetInfoResponse",
         "GetServerCapabilitiesResponse",
         "LoadWeightsResponse",
@@ -631,14 +641,5 @@ _MOVED = frozenset(
         "WeightsInfoResponse",
         "checkpoint_console_url",
         "checkpoint_playground_url",
-    }
+    ),
 )
-"""The names that moved to ``_opresults`` (for imports and pickles that name this module)."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from tinker_sync.types import _opresults
-
-        return getattr(_opresults, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
