@@ -82,6 +82,7 @@ FACTS: list[Fact] = [
     Fact(r"(\d+)-byte circuit record", [sharedcircuit.RECORD_SIZE]),
     Fact(r"reason \(UTF-8, truncated to (\d+) bytes\)", [sharedcircuit.REASON_BYTES]),
     Fact(r"`SHARED_CHECK_S` \(([\d.]+) s, real time\)", [breaker.SHARED_CHECK_S]),
+    Fact(r"`SHARED_CHECK_IDLE_S` \((\d+) s\)", [breaker.SHARED_CHECK_IDLE_S]),
     Fact(
         r"HELD again after min\(2\^n, (\d+)\) s on the timer \((\d+) s budget\)",
         [retry.HOLDER_MAX_WAIT, retry.HOLDER_BUDGET_S],

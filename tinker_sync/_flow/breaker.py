@@ -49,6 +49,7 @@ import logging
 import math
 import os
 import random
+import time
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
@@ -82,6 +83,10 @@ PROBE_WAIT_SLICE_S = 0.5
 #: While the circuit is not closed, the shared record is read again this often (real seconds):
 #: how soon another process's answer (or its probe's end) is noticed here.
 SHARED_CHECK_S = 0.5
+#: The shared checks stop once no request of this process has asked for a turn for this long
+#: (real seconds): an idle process (its clients closed) keeps no timer running; the next
+#: request's turn starts them again.
+SHARED_CHECK_IDLE_S = 10.0
 
 
 class Turn(enum.Enum):
@@ -160,6 +165,7 @@ class TenantHealth:
         self._epoch = 0  # the shared epoch of the last opening known here
         self._token = (os.getpid() << 32 | random.getrandbits(32)) or 1  # our probe lease
         self._checking = False  # a shared check is scheduled
+        self._last_turn = time.monotonic()  # real time of the last turn asked while not closed
         self._remote_probe = False  # another process's probe is out (we wait for its lease)
         self._bad_record_logged = False
         #: Openings and closings adopted from another process (tests, the summary).
@@ -510,6 +516,8 @@ class TenantHealth:
         self._advance_locked(now)
         if self._state == CLOSED:
             return Turn.SEND
+        self._last_turn = time.monotonic()
+        self._start_checks_locked()
         if self._state == HALF_OPEN and self._probe_sent is None:
             if not self._claim_probe_locked(now):
                 return Turn.SEND if self._state == CLOSED else Turn.WAIT
@@ -818,7 +826,7 @@ class TenantHealth:
             if self._state == CLOSED:
                 return
             self._advance_locked(self.clock.monotonic())
-            if self._state != CLOSED:
+            if self._state != CLOSED and time.monotonic() - self._last_turn < SHARED_CHECK_IDLE_S:
                 self._start_checks_locked()
             self._changed.notify_all()
             listeners = list(self._listeners)
