@@ -16,9 +16,9 @@ names below are loaded on first access.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from tinker_sync._runtime.imports import load
 from tinker_sync._version import __version__
 
 __title__ = "tinker_sync"
@@ -203,11 +203,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module_name = _EXPORTS.get(name)
     if module_name is not None:
-        value = getattr(importlib.import_module(module_name), name)
+        value = getattr(load(module_name), name)
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        module = importlib.import_module(f"tinker_sync.{name}")
+        module = load(f"tinker_sync.{name}")
         globals()[name] = module
         return module
     raise AttributeError(f"module 'tinker_sync' has no attribute {name!r}")

@@ -64,6 +64,7 @@ from tinker_sync._polling.poller import SessionFuturesPoller
 from tinker_sync._polling.queuestate import QueueStateReporter
 from tinker_sync._runtime.asyncio_bridge import awaiting_alias, direct_alias
 from tinker_sync._runtime.fork import make_lock
+from tinker_sync._runtime.imports import imported
 from tinker_sync._sampling.handles import (
     SEQ_STRIDE,
     new_clone_id,
@@ -184,9 +185,9 @@ class SamplingClient:
         self._queue_reporter = QueueStateReporter("sampling", self._session.clock)
         self._tokenizer = None
         self._shadow_release = None
-        # The codec sample() imports loads now, with the client: a first import inside a call on
-        # the caller's thread could be cut by a signal handler (docs/guarantees.md).
-        from tinker_sync._wire import _estimates  # noqa: F401
+        # The codec sample() imports loads now, with the client, so no call imports it for the
+        # first time (docs/guarantees.md#signals-and-exit).
+        imported("tinker_sync._wire._estimates")
 
         return self
 
@@ -223,6 +224,7 @@ class SamplingClient:
 
     def get_tokenizer(self) -> TinkerTokenizer:
         if self._tokenizer is None:
+            imported("tinker_sync.tokenizer")
             from tinker_sync.tokenizer import load_tokenizer
 
             self._tokenizer = load_tokenizer(self._base_model, tokenizer_id=self._tokenizer_id)

@@ -40,6 +40,7 @@ from tinker_sync._polling.loop import Poll
 from tinker_sync._polling.queuestate import QueueStateReporter
 from tinker_sync._runtime.asyncio_bridge import blocking_alias
 from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
+from tinker_sync._runtime.imports import imported
 from tinker_sync._session.state import Session
 from tinker_sync._session.telemetry import captures_exceptions
 from tinker_sync._transport import Hook, Pool, RequestSpec, quote_path, sdk_method_scope
@@ -308,6 +309,7 @@ class ServiceClient:
             return self._training_client(created.model_id)
 
     def _training_client(self, model_id: str) -> TrainingClient:
+        imported("tinker_sync.training_client")  # a first import a signal cannot cut
         from tinker_sync.training_client import TrainingClient
 
         info = self._get_info(model_id)
@@ -522,6 +524,7 @@ class ServiceClient:
         record_stability_info: bool,
     ) -> SamplingClient:
         with sdk_method_scope("ServiceClient.create_sampling_client"):
+            imported("tinker_sync.sampling_client")
             from tinker_sync.sampling_client import SamplingClient
 
             session = self._started_session()
@@ -586,6 +589,7 @@ class ServiceClient:
 
     def create_rest_client(self) -> RestClient:
         """A RestClient with this client's base URL, key, headers and knobs."""
+        imported("tinker_sync.rest_client")  # a first import a signal cannot cut
         from tinker_sync.rest_client import RestClient
 
         if self._rest is None:

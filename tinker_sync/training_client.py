@@ -36,6 +36,7 @@ from tinker_sync._polling.loop import Poll
 from tinker_sync._polling.queuestate import QueueStateReporter
 from tinker_sync._runtime.asyncio_bridge import blocking_alias, direct_alias
 from tinker_sync._runtime.executor import pool
+from tinker_sync._runtime.imports import imported
 from tinker_sync._session.telemetry import captures_exceptions
 from tinker_sync._training.chunkgroup import ChunkGroup
 from tinker_sync._training.sequencer import Sequencer
@@ -125,10 +126,12 @@ class TrainingClient:
         )
         self._tokenizer: TinkerTokenizer | None = None
         self._session.add_close_listener(self._sequencer.close, join=self._sequencer.join)
-        # The codecs its calls import load now, with the client: a first import inside a call
-        # on the caller's thread could be cut by a signal handler (an alarm turned one into
-        # ModuleNotFoundError); docs/guarantees.md#signals-and-exit.
-        from tinker_sync._wire import _chunking, _metrics, _proto  # noqa: F401
+        # The codecs its calls import load now, with the client, so no call imports them for
+        # the first time; imported() keeps a signal handler from turning that into
+        # ModuleNotFoundError (docs/guarantees.md#signals-and-exit).
+        imported(
+            "tinker_sync._wire._chunking", "tinker_sync._wire._metrics", "tinker_sync._wire._proto"
+        )
 
     def __repr__(self) -> str:
         return f"<TrainingClient model_id={self.model_id!r}>"
@@ -165,6 +168,7 @@ class TrainingClient:
     def get_tokenizer(self) -> TinkerTokenizer:
         """The model's tokenizer (server ``tokenizer_id`` first, then the model name)."""
         if self._tokenizer is None:
+            imported("tinker_sync.tokenizer")
             from tinker_sync.tokenizer import load_tokenizer
 
             data = self._info.model_data
@@ -459,6 +463,7 @@ class TrainingClient:
         future fails with the original error; the client stays usable.
         """
         with sdk_method_scope("TrainingClient.forward_backward_custom"):
+            imported("tinker_sync._training.custom_loss")
             from tinker_sync._training.custom_loss import submit_custom_loss
 
             if loss_type_input is not None:
@@ -695,6 +700,9 @@ class TrainingClient:
                     "type": "save_weights_for_sampler",
                 }
 
+            imported("tinker_sync.sampling_client")  # before the send: nothing left unanswered
+            from tinker_sync.sampling_client import PendingSamplingClient
+
             # The save takes its seq_id here, in the caller's thread, so it stays ordered after
             # the calls made before it; only the wait may move to an SDK thread.
             fut = self._single_op(
@@ -705,8 +713,6 @@ class TrainingClient:
                 _decode_as(SaveWeightsForSamplerResponse),
                 max_retries=0,
             )
-            from tinker_sync.sampling_client import PendingSamplingClient
-
             sampler: SamplingClient = _pending.create(
                 PendingSamplingClient,
                 "save_weights_and_get_sampling_client",

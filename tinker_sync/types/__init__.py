@@ -21,9 +21,9 @@ Every type offers ``model_dump(mode=..., exclude_none=...)``, ``model_dump_json(
 torch. Thread safety: all instances are immutable and safe to share. Fork safety: plain data.
 """
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from tinker_sync._runtime.imports import load
 from tinker_sync.exceptions import RequestErrorCategory
 from tinker_sync.types._base import TinkerModel, TinkerRequest
 from tinker_sync.types._coerce import ValidationError
@@ -385,12 +385,12 @@ def __getattr__(name: str) -> Any:
         # ``tinker_sync.types.datum`` etc.: the official SDK's per-type module paths load on use
         if name.islower() and not name.startswith("_"):
             try:
-                return importlib.import_module(f"tinker_sync.types.{name}")
+                return load(f"tinker_sync.types.{name}")
             except ModuleNotFoundError as exc:
                 if exc.name != f"tinker_sync.types.{name}":
                     raise
         raise AttributeError(f"module 'tinker_sync.types' has no attribute {name!r}")
-    mod = importlib.import_module(f"tinker_sync.types.{module}")
+    mod = load(f"tinker_sync.types.{module}")
     value = getattr(mod, "TelemetrySendRequest" if name == "TelemetryBatch" else name)
     globals()[name] = value
     return value

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Union
 import attrs
 
 from tinker_sync._lazynp import is_ndarray, np_isinstance
+from tinker_sync._runtime.imports import load
 from tinker_sync.types._coerce import (
     Invalid,
     ValidationError,
@@ -102,9 +103,7 @@ def moved_names(module: str, target: str, names: Iterable[str]) -> Callable[[str
 
     def __getattr__(name: str) -> Any:
         if name in moved:
-            import importlib
-
-            return getattr(importlib.import_module(target), name)
+            return getattr(load(target), name)
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
     return __getattr__

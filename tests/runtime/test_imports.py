@@ -1,0 +1,88 @@
+"""First imports a signal handler cannot turn into a missing module (``_runtime.imports``).
+
+Each case runs in a fresh interpreter, where ``tinker_sync.rest_client`` is not loaded yet. A
+finder placed first on ``sys.meta_path`` reports the module missing a given number of times:
+what importlib reports after a signal handler's ``OSError`` (an alarm's ``TimeoutError``)
+lands in its file lookup and is taken for "no such file".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tinker_sync._runtime.imports import IMPORT_ATTEMPTS
+
+_CHILD = r"""
+import json, sys
+from tinker_sync._runtime.imports import imported
+
+class LosesLookups:
+    def __init__(self, name, times):
+        self.name, self.left, self.seen = name, times, 0
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.name:
+            self.seen += 1
+            if self.left:
+                self.left -= 1
+                raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return None
+
+how, name, times = sys.argv[1], sys.argv[2], int(sys.argv[3])
+finder = LosesLookups(name, times)
+sys.meta_path.insert(0, finder)
+try:
+    if how == "plain":
+        __import__(name)
+    else:
+        imported(name)
+    outcome = "loaded" if name in sys.modules else "not loaded"
+except ModuleNotFoundError as exc:
+    outcome = f"ModuleNotFoundError: {exc.name}"
+print(json.dumps({"outcome": outcome, "lookups": finder.seen}))
+"""
+
+
+def run(how: str, name: str, times: int) -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, how, name, str(times)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    result: dict[str, object] = json.loads(proc.stdout)
+    return result
+
+
+REST = "tinker_sync.rest_client"
+
+
+def test_a_lost_lookup_fails_a_plain_import_of_a_module_that_exists() -> None:
+    # the failure imported() exists for (the alarm storm of tests/test_signals.py saw it once)
+    assert run("plain", REST, 1) == {"outcome": f"ModuleNotFoundError: {REST}", "lookups": 1}
+
+
+@pytest.mark.parametrize("lost", [1, IMPORT_ATTEMPTS - 1])
+def test_imported_loads_a_module_of_the_package_after_lost_lookups(lost: int) -> None:
+    assert run("imported", REST, lost) == {"outcome": "loaded", "lookups": lost + 1}
+
+
+def test_imported_gives_up_after_its_attempts() -> None:
+    assert run("imported", REST, IMPORT_ATTEMPTS) == {
+        "outcome": f"ModuleNotFoundError: {REST}",
+        "lookups": IMPORT_ATTEMPTS,
+    }
+
+
+def test_a_missing_module_of_another_package_is_raised_at_once() -> None:
+    # an optional extra that is not installed: no second look
+    name = "tinker_sync_tests_absent_extra"
+    assert run("imported", name, 0) == {"outcome": f"ModuleNotFoundError: {name}", "lookups": 1}
+
+
+def test_a_loaded_module_is_not_looked_up_again() -> None:
+    assert run("imported", "tinker_sync", IMPORT_ATTEMPTS) == {"outcome": "loaded", "lookups": 0}
