@@ -208,7 +208,13 @@ def handler(signum, frame):
     os.write(1, f"got {signum} alias={os.environ.get('TINKER_SYNC_ALIAS')}\n".encode())
     os._exit(100 + signum)
 for name in sys.argv[1:]:
-    signal.signal(getattr(signal, name), handler)
+    if name.startswith("default:"):
+        # Python's own default: a shell's `nohup` or `&` may have started us with it ignored
+        name = name.removeprefix("default:")
+        default = signal.default_int_handler if name == "SIGINT" else signal.SIG_DFL
+        signal.signal(getattr(signal, name), default)
+    else:
+        signal.signal(getattr(signal, name), handler)
 os.write(1, b"ready\n")
 threading.Event().wait(30)
 os._exit(1)
@@ -247,7 +253,7 @@ def test_exec_delivers_every_signal_to_the_program(name: str) -> None:
 def test_exec_passes_death_by_signal_through(name: str) -> None:
     """A program killed by a signal (default handler) looks killed by it to the supervisor."""
     signum = getattr(signal, name)
-    proc = start_exec()
+    proc = start_exec(f"default:{name}")
     proc.send_signal(signum)
     code, _, _, err = finish(proc, 10.0)
     assert code == -signum, err
