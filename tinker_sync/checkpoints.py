@@ -51,6 +51,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 from tinker_sync._paths import CheckpointPath, parse_checkpoint_path
 from tinker_sync._runtime.clock import SYSTEM_CLOCK, Clock
+from tinker_sync._runtime.imports import imported
 from tinker_sync._runtime.redact import url_without_query
 from tinker_sync.exceptions import (
     APIConnectionError,
@@ -240,6 +241,7 @@ def download_checkpoint(
         if rest_client is not None:
             source = _fetch(fetcher, rest_client, parsed, staging, factory, archive_deadline)
         else:
+            imported("tinker_sync.rest_client")  # a first import a signal cannot cut
             from tinker_sync.rest_client import RestClient
 
             with RestClient(_clock=_clock) as rest:
@@ -428,6 +430,7 @@ def _fetch_by_export(
     clock: Clock,
 ) -> None:
     """Export a training checkpoint as external weights, download it, delete the export."""
+    imported("tinker_sync.service_client")
     from tinker_sync.service_client import ServiceClient
 
     own = service_client is None

@@ -618,6 +618,8 @@ class ServiceClient:
     ) -> APIFuture[LossHandle]:
         """(alpha) A handle that ``forward_backward_custom`` runs client-side; no request."""
         from tinker_sync._futures import completed
+
+        imported("tinker_sync.training_client")
         from tinker_sync.training_client import LossHandle
 
         warnings.warn("create_custom_loss is experimental", ExperimentalWarning, stacklevel=2)
