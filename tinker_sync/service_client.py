@@ -31,9 +31,11 @@ from tinker_sync._flow.health import (
     PendingFuture,
     TenantState,
     pending_entry,
+    recorded_tenant_state,
     summarize,
     tenant_state,
 )
+from tinker_sync._flow.limiter import existing_limiter
 from tinker_sync._futures import APIFuture
 from tinker_sync._polling.decide import Decision
 from tinker_sync._polling.loop import Poll
@@ -48,6 +50,7 @@ from tinker_sync._wire._converter import from_json, omit_new_defaults, to_json
 from tinker_sync.exceptions import (
     BadRequestError,
     ExperimentalWarning,
+    MissingCredentialsError,
     NotFoundError,
     UnprocessableEntityError,
 )
@@ -215,10 +218,23 @@ class ServiceClient:
                 print(f"the server is failing since {h.open_for:.0f} s: {h.reason}")
 
         One consistent snapshot; it never holds the API key. Before this client's first
-        request it knows nothing yet: ``"closed"``, nothing counted (docs/health.md#liveness).
+        request it shows the tenant as another client of this process sees it, else as the
+        circuit record shared by this user's processes shows it (docs/health.md#liveness).
         """
         health = self._session.health
-        return tenant_state(health.tenant, health.url)
+        if health.tenant is not None:
+            return tenant_state(health.tenant, health.url)
+        config = self._config
+        try:
+            identity = config.credential_identity
+        except MissingCredentialsError:  # no key yet: no tenant to look up
+            return tenant_state(None, health.url)
+        limiter = existing_limiter(config.normalized_base_url, identity)
+        if limiter is not None:
+            return tenant_state(limiter.tenant, health.url)
+        return recorded_tenant_state(
+            config.normalized_base_url, identity, config.health, self._clock.time()
+        )
 
     def _describe_pending(self) -> str:
         return summarize([p.kind for p in self.pending()])

@@ -237,3 +237,79 @@ def test_the_tenant_state_follows_the_breaker_on_the_injected_clock() -> None:
     state = tenant_state(tenant, "ignored")
     assert (state.state, state.since, state.open_for, state.reason) == ("closed", None, None, "")
     assert (state.opens, state.last_failure) == (1, "HTTP 503")
+
+
+def test_before_its_first_request_a_client_shows_what_another_client_of_the_tenant_sees(
+    server: LocalServer,
+) -> None:
+    """A new client of a tenant whose circuit another client of this process opened says so
+    before it sends anything (it shares that client's tenant health); another key is another
+    tenant and stays closed."""
+    first = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key, health=FAST)
+    try:
+        sampler = first.create_sampling_client(base_model=BASE)
+        sampler.sample(PROMPT, 1, PARAMS).result(HANG)
+        server.faults.add(Fault(endpoint="**", status=503, times=None))
+        futures = [sampler.sample(PROMPT, 1, PARAMS) for _ in range(6)]
+        until(lambda: first.health().state != "closed")
+        second = tinker_sync.ServiceClient(base_url=server.url, api_key=server.api_key)
+        other = tinker_sync.ServiceClient(base_url=server.url, api_key="tml-" + "9" * 40)
+        try:
+            seen = second.health()
+            assert seen.state in ("open", "half_open") and "HTTP 503" in seen.reason
+            assert seen.since == first.health().since
+            assert other.health().state == "closed"
+        finally:
+            second.close()
+            other.close()
+    finally:
+        server.faults.clear()
+    try:
+        for f in futures:
+            f.result(HANG)
+    finally:
+        first.close()
+
+
+def write_record(url: str, key: str, record: Any) -> None:
+    from tinker_sync._config import normalize_base_url
+    from tinker_sync._credentials import Secret
+    from tinker_sync._flow.sharedcircuit import open_shared_circuit
+
+    shared = open_shared_circuit(normalize_base_url(url), Secret(key).sha256())
+    assert shared is not None
+    shared.update(lambda _: record)
+    shared.close()
+
+
+def test_before_its_first_request_a_client_reads_the_circuit_other_processes_share() -> None:
+    """With no client of the tenant in this process, health() shows the circuit record this
+    user's other processes share (docs/health.md#across-processes), on the client's clock:
+    open with since, why and the next probe; half-open while a probe is due; closed once an
+    answer closed it, or when the record's times are implausible."""
+    from tinker_sync._flow.sharedcircuit import CircuitRecord
+
+    url, key = "http://127.0.0.1:9", "tml-" + "7" * 40  # never contacted: health() sends nothing
+    clock = FakeClock(wall=WALL)
+    service = tinker_sync.ServiceClient(base_url=url, api_key=key, _clock=clock)
+    try:
+        assert service.health() == TenantState(base_url=url, state="closed")  # nothing recorded
+        opened = CircuitRecord("open", 4, 2, WALL - 30.0, WALL + 8.0, 0.0, WALL, 0, "HTTP 503")
+        write_record(url, key, opened)
+        assert service.health() == TenantState(
+            base_url=url,
+            state="open",
+            since=WALL - 30.0,
+            open_for=30.0,
+            reason="HTTP 503",
+            next_probe_in=8.0,
+        )
+        clock.advance(8.0)  # the probe is due: half-open
+        assert service.health().state == "half_open" and service.health().next_probe_in is None
+        write_record(url, key, CircuitRecord("closed", 4, 0, WALL - 30.0, changed_wall=WALL))
+        assert service.health().state == "closed"
+        far = CircuitRecord("open", 5, 0, WALL, WALL + 1e6, 0.0, WALL, 0, "HTTP 503")
+        write_record(url, key, far)  # a next probe implausibly far ahead: not believed
+        assert service.health().state == "closed"
+    finally:
+        service.close()

@@ -67,7 +67,7 @@ from tinker_sync._runtime.fork import make_condition, make_lock
 from tinker_sync._runtime.redact import scrub
 from tinker_sync.exceptions import CircuitOpenError
 
-__all__ = ["CLOSED", "HALF_OPEN", "OPEN", "TenantHealth", "Turn"]
+__all__ = ["CLOSED", "HALF_OPEN", "OPEN", "TenantHealth", "Turn", "shared_max_ahead"]
 
 log = logging.getLogger("tinker_sync.health")
 
@@ -603,8 +603,7 @@ class TenantHealth:
         return shared
 
     def _max_ahead(self) -> float:
-        policy = self.policy
-        return max(policy.probe_max_s, policy.probe_lease_s) + sharedbackoff.MAX_SHARED_WAIT_S
+        return shared_max_ahead(self.policy)
 
     def _plausible(self, record: CircuitRecord | None, wall: float) -> bool:
         if record is None:
@@ -889,3 +888,8 @@ def _wall(wall: float | None) -> str:
     import time
 
     return time.strftime("%H:%M:%S", time.gmtime(wall)) + " UTC"
+
+
+def shared_max_ahead(policy: HealthPolicy) -> float:
+    """How far ahead a shared record's probe or lease time may lie and still be believed."""
+    return max(policy.probe_max_s, policy.probe_lease_s) + sharedbackoff.MAX_SHARED_WAIT_S

@@ -41,6 +41,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
+from tinker_sync._config import HealthPolicy
+from tinker_sync._flow.breaker import shared_max_ahead
+from tinker_sync._flow.sharedbackoff import enabled
+from tinker_sync._flow.sharedcircuit import open_shared_circuit, plausible
 from tinker_sync._runtime.clock import Clock, exiting
 from tinker_sync._runtime.fork import make_lock
 from tinker_sync._runtime.redact import scrub
@@ -62,6 +66,7 @@ __all__ = [
     "describe_failure",
     "is_unhealthy_status",
     "pending_entry",
+    "recorded_tenant_state",
     "tenant_state",
 ]
 
@@ -211,6 +216,38 @@ def tenant_state(tenant: TenantHealth | None, url: str) -> TenantState:
         paused=dict(cast("dict[str, str]", snap["paused"])),
         opens=_int(snap["opens"]),
         probes=_int(snap["probes"]),
+    )
+
+
+def recorded_tenant_state(
+    url: str, credential_identity: str, policy: HealthPolicy, wall: float
+) -> TenantState:
+    """The tenant as its shared circuit record shows it at wall time ``wall``, for a client
+    that has not met its tenant yet: another process of this user may have opened the circuit
+    (docs/health.md#liveness). Closed when nothing is recorded, the record is implausible or
+    sharing is off; nothing counted (``opens``, ``probes``: this process has seen none)."""
+    closed = TenantState(base_url=scrub(url), state="closed")
+    shared = open_shared_circuit(url, credential_identity, create=False) if enabled() else None
+    if shared is None:
+        return closed
+    try:
+        record = shared.read()
+    finally:
+        shared.close()
+    if (
+        record is None
+        or record.state == "closed"
+        or not plausible(record, wall, shared_max_ahead(policy))
+    ):
+        return closed
+    state = record.state_at(wall)
+    return TenantState(
+        base_url=scrub(url),
+        state=state,
+        since=record.opened_wall,
+        open_for=max(0.0, wall - record.opened_wall),
+        reason=record.reason,
+        next_probe_in=max(0.0, record.probe_wall - wall) if state == "open" else None,
     )
 
 

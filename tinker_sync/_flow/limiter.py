@@ -815,6 +815,13 @@ def limiter_for(normalized_base_url: str, credential_identity: str, clock: Clock
         return limiter
 
 
+def existing_limiter(normalized_base_url: str, credential_identity: str) -> Limiter | None:
+    """The limiter of a key if this process made one, else None (creates nothing)."""
+    with _registry_lock:
+        limiter = _registry.get((normalized_base_url, credential_identity))
+    return limiter
+
+
 def reset_limiters() -> None:
     """Forget every limiter (tests, and in a forked child)."""
     global _registry_lock

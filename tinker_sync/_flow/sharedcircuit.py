@@ -32,6 +32,7 @@ import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from tinker_sync._flow.sharedbackoff import MAX_SHARED_WAIT_S, MappedRecord, open_tenant_file
 
@@ -74,6 +75,12 @@ class CircuitRecord:
     def probe_out(self, wall: float) -> bool:
         """Whether a probe holds an unexpired lease at wall time ``wall``."""
         return self.state == "open" and self.lease_owner != 0 and self.lease_wall > wall
+
+    def state_at(self, wall: float) -> Literal["closed", "open", "half_open"]:
+        """ "closed", "open", or "half_open" (a probe is out or due) at wall time ``wall``."""
+        if self.state == "closed":
+            return "closed"
+        return "half_open" if self.probe_out(wall) or wall >= self.probe_wall else "open"
 
 
 def _checksum(body: bytes) -> int:

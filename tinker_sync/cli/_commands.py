@@ -621,11 +621,10 @@ def tenant_health(base_url: str, identity: str, now: float) -> dict[str, Any]:
         return doc
     doc["since"] = _wall_time(record.opened_wall)
     doc["failed_probes"] = record.failed_probes
+    doc["state"] = record.state_at(now)
     if record.probe_out(now):
-        doc["state"] = "half_open"
         doc["probe_out_until"] = _wall_time(record.lease_wall)
     else:
-        doc["state"] = "half_open" if now >= record.probe_wall else "open"
         doc["next_probe_in_s"] = round(max(0.0, record.probe_wall - now), 3)
     return doc
 
