@@ -77,7 +77,7 @@ class CircuitRecord:
         return self.state == "open" and self.lease_owner != 0 and self.lease_wall > wall
 
     def state_at(self, wall: float) -> Literal["closed", "open", "half_open"]:
-        """ "closed", "open", or "half_open" (a probe is out or due) at wall time ``wall``."""
+        """The state at wall time ``wall``: closed, open, or half-open (a probe out or due)."""
         if self.state == "closed":
             return "closed"
         return "half_open" if self.probe_out(wall) or wall >= self.probe_wall else "open"

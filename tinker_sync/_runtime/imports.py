@@ -10,11 +10,11 @@ CPython's path finders take an ``OSError`` raised while they look at a file as "
 A signal handler that raises an ``OSError`` subclass (a ``TimeoutError`` from ``signal.alarm``
 or ``setitimer``) at that moment makes an import of a module that exists fail with
 ``ModuleNotFoundError``, and the handler's own exception is lost inside importlib.
-:func:`load` and :func:`imported` load each named module of this package unless it is loaded already, and
-imports again, up to :data:`IMPORT_ATTEMPTS` times in all, when one of this package's modules is
-reported missing: the package is installed, so that report can only be such a lost exception.
-A missing third-party module (an optional extra) is raised at once, and an exception the handler
-raises outside importlib's own lookups reaches the caller as itself
+:func:`load` and :func:`imported` load each named module of this package unless it is loaded
+already, and import again, up to :data:`IMPORT_ATTEMPTS` times in all, when one of this
+package's modules is reported missing: the package is installed, so that report can only be
+such a lost exception. A missing third-party module (an optional extra) is raised at once, and
+an exception the handler raises outside importlib's own lookups reaches the caller as itself
 (docs/guarantees.md#signals-and-exit).
 
 Thread and fork safety: stateless; the import system's own locks apply.
