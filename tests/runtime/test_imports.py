@@ -9,8 +9,10 @@ lands in its file lookup and is taken for "no such file".
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +88,40 @@ def test_a_missing_module_of_another_package_is_raised_at_once() -> None:
 
 def test_a_loaded_module_is_not_looked_up_again() -> None:
     assert run("imported", "tinker_sync", IMPORT_ATTEMPTS) == {"outcome": "loaded", "lookups": 0}
+
+
+_RACE_CHILD = r"""
+import json, sys, threading
+sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+from tinker_sync import types
+barrier, errors = threading.Barrier(16), []
+def first_use():
+    barrier.wait()
+    try:
+        types.CreateModelResponse  # its module loads on first use
+    except BaseException as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+threads = [threading.Thread(target=first_use) for _ in range(16)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps(errors))
+"""
+
+
+def test_threads_racing_on_a_first_use_wait_for_the_module_to_finish(tmp_path: Path) -> None:
+    """16 threads reach a lazily loaded type at once in a fresh interpreter that must compile
+    its modules: none sees the module half made (a bare ``sys.modules`` lookup returned it while
+    another thread was still running it: "partially initialized module")."""
+    for run in range(3):
+        env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path / str(run))}  # nothing compiled
+        proc = subprocess.run(
+            [sys.executable, "-c", _RACE_CHILD],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env=env,
+        )
+        assert json.loads(proc.stdout) == [], proc.stdout
