@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,15 +49,21 @@ print(json.dumps({"outcome": outcome, "lookups": finder.seen}))
 """
 
 
-def run(how: str, name: str, times: int) -> dict[str, object]:
+def child(script: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    """What a fresh interpreter running ``script`` printed (one JSON value)."""
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, how, name, str(times)],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
+        env=env,
     )
-    result: dict[str, object] = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def run(how: str, name: str, times: int) -> dict[str, object]:
+    result: dict[str, object] = child(_CHILD, how, name, str(times))
     return result
 
 
@@ -116,12 +123,5 @@ def test_threads_racing_on_a_first_use_wait_for_the_module_to_finish(tmp_path: P
     another thread was still running it: "partially initialized module")."""
     for run in range(3):
         env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path / str(run))}  # nothing compiled
-        proc = subprocess.run(
-            [sys.executable, "-c", _RACE_CHILD],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-            env=env,
-        )
-        assert json.loads(proc.stdout) == [], proc.stdout
+        errors = child(_RACE_CHILD, env=env)
+        assert errors == [], errors
