@@ -182,6 +182,80 @@ def test_validation_errors_are_synchronous_and_send_nothing(server, service):
     assert asample_seq_ids(server) == [0]
 
 
+def _reference_body(sampler: SamplingClient, prompt: Any, n: int, params: Any, **kw: Any) -> str:
+    """The asample body as sample() built it field by field (to_json, then the 0.25 rule)."""
+    from tinker_sync._wire._converter import omit_new_defaults, to_json
+
+    target = kw.get("target_prompt_logprobs")
+    body: dict[str, Any] = {
+        "num_samples": n,
+        "prompt": to_json(prompt),
+        "sampling_params": to_json(params),
+        "sampling_session_id": sampler.sampler_id,
+        "prompt_logprobs": kw.get("include_prompt_logprobs", False),
+        "topk_prompt_logprobs": kw.get("topk_prompt_logprobs", 0),
+        "topk_sample_logprobs": kw.get("topk_sample_logprobs", 0),
+        "prompt_alt_tokens_k": kw.get("prompt_alt_tokens_k", 0),
+        "record_stability_info": sampler._record_stability_info,
+        "type": "sample",
+    }
+    if target is not None:
+        body["target_prompt_logprobs"] = to_json(target)
+    if kw.get("prompt_logprobs_last_n") is not None:
+        body["prompt_logprobs_last_n"] = kw["prompt_logprobs_last_n"]
+    return json.dumps(omit_new_defaults(body))
+
+
+def test_asample_bodies_on_the_wire_are_the_generic_dump_of_the_arguments(server, service):
+    """The one-pass prompt dump and the reused SamplingParams JSON send exactly the bodies of
+    the generic dump (keys, order, values), also after a SamplingParams' stop list changed."""
+    stop_list = types.SamplingParams(max_tokens=3, stop=["a"])
+    image = types.ModelInput(
+        chunks=[
+            types.EncodedTextChunk(tokens=[1, 2]),
+            types.ImageChunk(data=b"abcd", format="png", expected_tokens=2),
+        ]
+    )
+    target = types.TensorData(data=[1, -1] * 4, dtype="int64", shape=[4, 2])
+    calls: list[tuple[SamplingClient, Any, int, Any, dict[str, Any]]] = []
+    plain, stable = sampler_of(service), sampler_of(service, record_stability_info=True)
+    for sampler in (plain, stable):
+        calls += [
+            (sampler, PROMPT, 1, PARAMS, {}),
+            (sampler, PROMPT, 2, PARAMS, {}),  # the same SamplingParams again
+            (sampler, types.ModelInput.from_ints(np.arange(7)), 1, PARAMS, {}),
+            (sampler, image, 1, types.SamplingParams(seed=3, stop="x", temperature=0.5), {}),
+            (sampler, PROMPT, 1, stop_list, {"topk_sample_logprobs": 2}),
+            (sampler, PROMPT, 1, stop_list, {"prompt_alt_tokens_k": 1}),
+            (
+                sampler,
+                PROMPT,
+                1,
+                PARAMS,
+                {
+                    "include_prompt_logprobs": True,
+                    "topk_prompt_logprobs": 1,
+                    "target_prompt_logprobs": target,
+                    "prompt_logprobs_last_n": 2,
+                },
+            ),
+        ]
+    expected = []
+    for i, (sampler, prompt, n, params, kw) in enumerate(calls):
+        if i == 6:
+            stop_list.stop.append("b")  # type: ignore[union-attr]  # changed after use
+        sampler.sample(prompt, n, params, **kw).exception(HANG)
+        expected.append(_reference_body(sampler, prompt, n, params, **kw))
+    got = []
+    for req in server.requests.filter("asample"):
+        body = dict(req.json)
+        del body["seq_id"]  # appended last, by the job
+        assert list(req.json)[-1] == "seq_id"
+        got.append(json.dumps(body))
+    assert got == expected
+    assert '"stop": ["a", "b"]' in got[-2]  # the changed list went out as changed
+
+
 def test_ignored_features_fail_with_runtime_error(server, service, monkeypatch):
     """A server that silently drops prompt_alt_tokens_k / last_n fails loudly
     (docs/design/behavior.md#sampling-wire-rules)."""

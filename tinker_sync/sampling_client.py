@@ -83,7 +83,8 @@ from tinker_sync._validate import check_int, check_sampling_params
 
 # Imported here, not lazily on worker threads: a fork during a first import on another
 # thread would leave that module's import lock held forever in the child.
-from tinker_sync._wire._converter import omit_new_defaults, to_json
+from tinker_sync._wire._converter import to_json
+from tinker_sync._wire._estimates import prompt_json_and_bytes
 from tinker_sync.exceptions import (
     APIResponseValidationError,
     ClientClosedError,
@@ -104,12 +105,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("tinker_sync.sampling")
 
 
-def _estimate(prompt: ModelInput) -> int:
-    from tinker_sync._wire._estimates import estimate_prompt_bytes
+def _params_json(params: SamplingParams) -> tuple[SamplingParams | None, dict[str, Any]]:
+    """``to_json(params)``, and ``params`` again when that JSON may be reused for it.
 
-    if not isinstance(prompt, ModelInput):  # an official tinker.ModelInput (checked before)
-        prompt = accept(prompt, ModelInput, "prompt")
-    return estimate_prompt_bytes(prompt)
+    A frozen SamplingParams whose ``stop`` is None or a str holds only immutable values, so
+    its JSON never changes: a client keeps the last one (RL loops pass one object each time).
+    """
+    wire: dict[str, Any] = to_json(params)
+    stop = params.stop
+    reusable = type(params) is SamplingParams and (stop is None or type(stop) is str)
+    return (params if reusable else None), wire
 
 
 class SamplingClient:
@@ -135,6 +140,8 @@ class SamplingClient:
     _queue_reporter: QueueStateReporter
     _tokenizer: TinkerTokenizer | None
     _shadow_release: weakref.finalize[..., SamplingClient] | None
+    #: The last reusable SamplingParams and its wire JSON (see :func:`_params_json`).
+    _params_memo: tuple[SamplingParams | None, dict[str, Any]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
@@ -185,10 +192,7 @@ class SamplingClient:
         self._queue_reporter = QueueStateReporter("sampling", self._session.clock)
         self._tokenizer = None
         self._shadow_release = None
-        # The codec sample() imports loads now, with the client, so no call imports it for the
-        # first time (docs/guarantees.md#signals-and-exit).
-        imported("tinker_sync._wire._estimates")
-
+        self._params_memo = (None, {})
         return self
 
     def _set_clone(self, clone_id: int | None) -> None:
@@ -358,7 +362,7 @@ class SamplingClient:
         Raises ``ValueError``/``TypeError`` for invalid arguments (before any request).
         """
         with sdk_method_scope("SamplingClient.sample"):
-            body = self._sample_body(
+            body, estimate = self._sample_request(
                 prompt,
                 num_samples,
                 sampling_params,
@@ -376,7 +380,7 @@ class SamplingClient:
 
             return self._submit(
                 body,
-                prompt,
+                estimate,
                 finish=finish,
                 retry=not self._session.server.sample_no_retries,
             )
@@ -386,7 +390,7 @@ class SamplingClient:
     ) -> APIFuture[list[float | None]]:
         """Per-token prompt logprobs (entry 0 is None; entries before the last N are None)."""
         with sdk_method_scope("SamplingClient.compute_logprobs"):
-            body = self._sample_body(
+            body, estimate = self._sample_request(
                 prompt, 1, SamplingParams(max_tokens=1), True, 0, 0, None, 0, prompt_logprobs_last_n
             )
 
@@ -397,9 +401,13 @@ class SamplingClient:
                     raise RuntimeError("the server ignored prompt_logprobs=true")
                 return list(values)
 
-            return self._submit(body, prompt, finish=finish, retry=True)
+            return self._submit(body, estimate, finish=finish, retry=True)
 
-    def _sample_body(
+    def _sample_body(self, *args: Any) -> dict[str, Any]:
+        """The ``asample`` body without seq_id (``_sample_request``'s arguments)."""
+        return self._sample_request(*args)[0]
+
+    def _sample_request(
         self,
         prompt: ModelInput,
         num_samples: int,
@@ -410,7 +418,8 @@ class SamplingClient:
         target_prompt_logprobs: TensorData | None,
         prompt_alt_tokens_k: int,
         prompt_logprobs_last_n: int | None,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], int]:
+        """The ``asample`` body (without seq_id) and the prompt's byte charge, validated."""
         if not isinstance(prompt, ModelInput):  # official tinker objects are converted
             prompt = accept(prompt, ModelInput, "prompt")
         if not isinstance(sampling_params, SamplingParams):
@@ -426,18 +435,31 @@ class SamplingClient:
             check_int("prompt_logprobs_last_n", prompt_logprobs_last_n, minimum=1)
             if not include_prompt_logprobs:
                 raise ValueError("prompt_logprobs_last_n needs include_prompt_logprobs=True")
+        prompt_json, estimate = prompt_json_and_bytes(prompt)  # one pass, for both
+        memo = self._params_memo
+        if memo[0] is not None and memo[0] is sampling_params:
+            params_json = dict(memo[1])  # a fresh dict per body, of immutable values
+        else:
+            memo = self._params_memo = _params_json(sampling_params)
+            params_json = dict(memo[1])
+        # The wire body in its field order, without the newer-than-0.25 fields that hold their
+        # default (omit_new_defaults' rule, applied while building it: 0.25 servers reject
+        # fields they do not know).
         body: dict[str, Any] = {
             "num_samples": num_samples,
-            "prompt": to_json(prompt),
-            "sampling_params": to_json(sampling_params),
+            "prompt": prompt_json,
+            "sampling_params": params_json,
             "sampling_session_id": self._sampler_id,
             "prompt_logprobs": include_prompt_logprobs,
             "topk_prompt_logprobs": topk_prompt_logprobs,
-            "topk_sample_logprobs": topk_sample_logprobs,
-            "prompt_alt_tokens_k": prompt_alt_tokens_k,
-            "record_stability_info": self._record_stability_info,
-            "type": "sample",
         }
+        if not (type(topk_sample_logprobs) is int and topk_sample_logprobs == 0):
+            body["topk_sample_logprobs"] = topk_sample_logprobs
+        if not (type(prompt_alt_tokens_k) is int and prompt_alt_tokens_k == 0):
+            body["prompt_alt_tokens_k"] = prompt_alt_tokens_k
+        if self._record_stability_info is not False:
+            body["record_stability_info"] = self._record_stability_info
+        body["type"] = "sample"
         if target_prompt_logprobs is not None:
             if not isinstance(target_prompt_logprobs, TensorData):
                 target_prompt_logprobs = accept(
@@ -458,12 +480,12 @@ class SamplingClient:
             body["target_prompt_logprobs"] = to_json(target_prompt_logprobs)
         if prompt_logprobs_last_n is not None:
             body["prompt_logprobs_last_n"] = prompt_logprobs_last_n
-        return omit_new_defaults(body)  # 0.25 servers reject fields they do not know
+        return body, estimate
 
     def _submit(
         self,
         body: dict[str, Any],
-        prompt: ModelInput,
+        estimate: int,
         *,
         finish: Callable[[SampleResponse], Any],
         retry: bool,
@@ -472,7 +494,7 @@ class SamplingClient:
             raise ClientClosedError("this SamplingClient was closed")
         self._session.check_open()
         self._ensure_process()
-        job = SampleJob(self, body, _estimate(prompt), finish, current_sdk_method.get(), retry)
+        job = SampleJob(self, body, estimate, finish, current_sdk_method.get(), retry)
         try:
             if self._session.started and self._clone_id is not None:
                 job.admit()  # nothing to wait for: queue for dispatch from this thread, no hand-off

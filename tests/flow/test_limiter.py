@@ -14,6 +14,7 @@ from waiting import until  # tests/waiting.py
 from tinker_sync._config import normalize_base_url
 from tinker_sync._flow.limiter import (
     BACKED_OFF_BYTE_PENALTY,
+    STOP_RECHECK_S,
     Limiter,
     Ticket,
     limiter_for,
@@ -293,6 +294,45 @@ def test_stopping_a_gate_waiter_leaves_the_gates_intact():
     snap = limiter.snapshot()
     assert snap["count"] == 400 and snap["sample_bytes"] == limiter._budgets()[0].size
     assert snap["waiting"] == 0
+
+
+def test_a_head_behind_closed_gates_is_asked_to_stop_again_only_after_a_wake_or_a_while():
+    """Pumps that cannot admit do not ask the waiting head's stop_reason each time; a wake()
+    (cancel, close, circuit change) or STOP_RECHECK_S makes the next pump ask again, and a
+    stop found then is delivered (docs/limiter.md#stop-checks)."""
+    clock = FakeClock()
+    limiter = limiter_for("https://x", "k", clock)
+    limiter.send_width = 1
+    made = Tickets(limiter)
+    made.submit("sending")  # takes the one sender
+    asked: list[str] = []
+    stop: list[BaseException] = []
+    stopped: list[BaseException] = []
+
+    def why() -> BaseException | None:
+        asked.append("head")
+        return stop[0] if stop else None
+
+    head = Ticket(
+        owner="b", estimate=1, start=lambda: None, on_stop=stopped.append, stop_reason=why
+    )
+    limiter.enqueue(head)
+    assert asked == ["head"]  # asked once when it reached the head behind the closed gates
+    for _ in range(5):
+        made.submit(f"more{len(made.tickets)}")  # each enqueue pumps
+        limiter.pump()
+    assert asked == ["head"]
+    limiter.wake(everything=False)
+    assert asked == ["head", "head"]
+    limiter.pump()
+    clock.advance(STOP_RECHECK_S)
+    limiter.pump()
+    assert asked == ["head"] * 3
+    stop.append(RuntimeError("stuck"))
+    clock.advance(STOP_RECHECK_S)
+    limiter.pump()
+    assert head.state == "finished" and stopped == stop
+    assert limiter.snapshot()["count"] == 399  # only "sending" holds gates
 
 
 def test_response_and_fwdbwd_budgets_admit_while_non_negative():

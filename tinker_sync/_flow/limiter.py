@@ -92,6 +92,10 @@ BUSY_CPU_SHARE = 0.75
 #: machine is busy, not because the server is far away. ``TINKER_SYNC_LOOPBACK_WIDENS=1``
 #: lifts that (tests and benchmarks that play a distant server with a delay fault).
 LOOPBACK_WIDENS_ENV = "TINKER_SYNC_LOOPBACK_WIDENS"
+#: A queue's head that waits for closed gates has its ``stop_reason`` asked again after a
+#: ``wake()`` (a cancel, a close, a circuit change) or once this many seconds have passed since
+#: it was last asked, not at every pump (docs/limiter.md#stop-checks).
+STOP_RECHECK_S = 1.0
 
 
 def _is_loopback(normalized_base_url: str) -> bool:
@@ -151,6 +155,8 @@ class Ticket:
     """
 
     __slots__ = (
+        "asked",
+        "asked_at",
         "backed_off",
         "cost",
         "estimate",
@@ -188,6 +194,10 @@ class Ticket:
         #: Granted the tenant's one probe while its circuit is open (set by the tenant, in the
         #: same step that takes the probe); the send step that claims it sends the probe.
         self.probe = False
+        #: The limiter's wake count and clock reading when ``stop_reason`` last said None while
+        #: the ticket headed its queue behind closed gates (-1: never asked there).
+        self.asked = -1
+        self.asked_at = 0.0
 
 
 class Limiter:
@@ -232,6 +242,9 @@ class Limiter:
         #: Index of stopped tickets whose on_stop is due (ditto).
         self._stopping: collections.deque[tuple[Ticket, BaseException]] = collections.deque()
         self._timer_due: float | None = None
+        #: wake() calls so far: a queue's head asked since the last one need not be asked
+        #: again behind closed gates (docs/limiter.md#stop-checks).
+        self._wakes = 0
         self._sender: BoundedLane | None = None
         #: A fixed send width set by a test (None: follow latency, see :attr:`send_width`).
         self._width_override: int | None = None
@@ -596,9 +609,15 @@ class Limiter:
         issue: list[tuple[Ticket, int]] = []
         sample_bytes, _, _ = self._budgets()
         with self._lock:
+            if not self._queues and not self._held and not self._stopping:
+                return  # nothing to admit, start or deliver: the deadline is read when needed
             now = self.clock.monotonic()
             self._merge_shared_locked(now, reopen=False)
             self._admit_locked(now, sample_bytes)
+            if self._held and not self._parked:
+                # No HELD ticket: every entry is stale (claimed or stopped). The state and the
+                # counter change in one step, so clearing here drops nothing.
+                self._held.clear()
             if self._held:
                 if now >= self.backoff_until:
                     kept: collections.deque[Ticket] = collections.deque()
@@ -628,7 +647,8 @@ class Limiter:
                                 issue.append((ticket, ticket.round))
                 else:
                     self._schedule_locked(now)
-        self._deliver_stops()
+        if self._stopping:  # appended under the lock (by this pump, or a wake() that delivers
+            self._deliver_stops()  # them itself): an empty index needs no second lock
         for ticket, round_ in issue:
             # Issued until start() returned: if it never does (an exception), the next pump
             # issues it again, and the extra start finds the claim taken.
@@ -647,15 +667,20 @@ class Limiter:
             if ticket.state is not QUEUED:  # admitted or stopped; an exception cut the cleanup
                 self._advance_locked(owner, queue)
                 continue
+            recent = now < self.backoff_until + RECENT_BACKOFF_S
+            closed = (
+                self._active + self._parked >= send_width
+                or self._count <= 0
+                or (recent and self._backed_off_count <= 0)
+                or sample_bytes.remaining < 0
+            )
+            if closed and ticket.asked == self._wakes and now - ticket.asked_at < STOP_RECHECK_S:
+                return  # asked since the last wake(), and not long ago (docs/limiter.md)
             stop = ticket.stop_reason()
             if stop is None:
-                recent = now < self.backoff_until + RECENT_BACKOFF_S
-                if (
-                    self._active + self._parked >= send_width
-                    or self._count <= 0
-                    or (recent and self._backed_off_count <= 0)
-                    or sample_bytes.remaining < 0
-                ):
+                if closed:
+                    ticket.asked = self._wakes
+                    ticket.asked_at = now
                     return  # every gate is ticket-independent: nobody else would pass either
                 cost = ticket.estimate * BACKED_OFF_BYTE_PENALTY if recent else ticket.estimate
                 self._held.append(ticket)  # the index first: a stale entry is skipped
@@ -724,6 +749,7 @@ class Limiter:
         checks every queued ticket (close), which a single cancel does not need.
         """
         with self._lock:
+            self._wakes += 1
             self._gates_changed.notify_all()
             for ticket in self._held:
                 if ticket.state is HELD:
