@@ -316,10 +316,12 @@ def test_a_head_behind_closed_gates_is_asked_to_stop_again_only_after_a_wake_or_
     head = Ticket(
         owner="b", estimate=1, start=lambda: None, on_stop=stopped.append, stop_reason=why
     )
-    limiter.enqueue(head)
+    limiter.enqueue(head)  # every sender taken: no pump
+    assert asked == []
+    limiter.pump()
     assert asked == ["head"]  # asked once when it reached the head behind the closed gates
     for _ in range(5):
-        made.submit(f"more{len(made.tickets)}")  # each enqueue pumps
+        made.submit(f"more{len(made.tickets)}")
         limiter.pump()
     assert asked == ["head"]
     limiter.wake(everything=False)

@@ -283,11 +283,16 @@ class Limiter:
         inflight_response_bytes: int,
     ) -> None:
         """Size the byte budgets from the first server config seen; later calls are ignored."""
+        # Built before the lock, stored in one step (plain stores): an exception raised in a
+        # signal handler never leaves some budgets set and others not (docs/limiter.md#signals).
+        sample = ByteBudget(sample_dispatch_bytes)
+        fwdbwd = ByteBudget(fwdbwd_dispatch_bytes)
+        response = ByteBudget(inflight_response_bytes)
         with self._lock:
             if self._sample_bytes is None:
-                self._sample_bytes = ByteBudget(sample_dispatch_bytes)
-                self._fwdbwd_bytes = ByteBudget(fwdbwd_dispatch_bytes)
-                self._response_bytes = ByteBudget(inflight_response_bytes)
+                self._fwdbwd_bytes = fwdbwd
+                self._response_bytes = response
+                self._sample_bytes = sample  # last: _budgets() tests this one
 
     def _budgets(self) -> tuple[ByteBudget, ByteBudget, ByteBudget]:
         if self._sample_bytes is None:
@@ -539,9 +544,16 @@ class Limiter:
                     self._queues.move_to_end(front)
             else:
                 queue.append(ticket)
+            busy = self._senders_busy_locked()
         if narrowed:
             pool("sample-submit").widen(self, width)
-        self.pump()
+        if not busy:
+            self.pump()
+
+    def _senders_busy_locked(self) -> bool:
+        """Every sender is taken and no stop is due: a pump now admits nobody, and the pump
+        that frees a sender (sender_done, the deadline's timer, a wake) comes anyway."""
+        return self._active + self._parked >= self.send_width and not self._stopping
 
     def claim(self, ticket: Ticket) -> bool:
         """The send step's first call: True for exactly one claim per admission (HELD ->
@@ -577,6 +589,9 @@ class Limiter:
             if ticket.cost is None:
                 return
             self._return_gates_locked(ticket, sample_bytes)
+            # Still in its send step (sender_done pumps next) while every sender is taken.
+            if ticket.sending > 0 and self._senders_busy_locked():
+                return
         self.pump()
 
     def _return_gates_locked(self, ticket: Ticket, sample_bytes: ByteBudget) -> None:
