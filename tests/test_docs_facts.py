@@ -66,6 +66,9 @@ FACTS: list[Fact] = [
         [_estimates.SAMPLE_BYTES_PER_TOKEN, limiter.BACKED_OFF_BYTE_PENALTY],
     ),
     Fact(r"penalises ×(\d+) only after a backoff", [limiter.BACKED_OFF_BYTE_PENALTY]),
+    Fact(r"`STOP_RECHECK_S` \((\d+) s\)", [limiter.STOP_RECHECK_S]),
+    Fact(r"stalled head at most (\d+) s plus one pump", [limiter.STOP_RECHECK_S]),
+    Fact(r"after a wake or (\d+) s \(\[above\]", [limiter.STOP_RECHECK_S]),
     Fact(
         r"Retry-After if in \(0, (\d+)\] s, else (\d+) s \(prompt ≤ (\d+) KiB\) or (\d+) s",
         [

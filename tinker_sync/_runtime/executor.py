@@ -193,6 +193,10 @@ class DaemonPool:
                 self._start_worker_locked()
                 need -= 1
 
+    def has_queued(self) -> bool:
+        """True while jobs wait for a worker (a hint: read without the lock)."""
+        return bool(self._jobs)
+
     def finishing(self) -> None:
         """Called by a job on one of this pool's workers that is about to return: from now on
         its worker counts as free, so a job submitted meanwhile waits for it instead of
@@ -281,9 +285,10 @@ class BoundedLane:
 
     Up to ``limit`` drain jobs run on ``pool(role)``; each takes queued jobs until the queue is
     empty, so a burst of 2,000 completions uses 16 threads, not 400. A ``fair`` lane runs one
-    job per turn and then queues its drain again at the back of the pool: lanes sharing a pool
-    (one per sampling tenant) take turns, so a long backlog in one never delays another's
-    next job by more than one job per busy drain.
+    job per turn and then queues its drain again at the back of the pool (or, when no job waits
+    for the pool, goes on with the next): lanes sharing a pool (one per sampling tenant) take
+    turns, so a long backlog in one never delays another's next job by more than one job per
+    busy drain.
     Thread-safe; in a forked child a lane starts empty (queued jobs belonged to the parent).
     """
 
@@ -336,9 +341,11 @@ class BoundedLane:
                     if not self._jobs:
                         self._active -= 1
                         return
+                shared = pool(self.role)
+                if not shared.has_queued():
+                    continue  # nobody else waits for the pool: this turn goes on
                 # One job per turn: the drain queues again behind every other lane's job on
                 # the pool, so lanes sharing a pool are served round-robin (by this worker).
-                shared = pool(self.role)
                 shared.finishing()
                 shared.submit(self._drain)
                 return
