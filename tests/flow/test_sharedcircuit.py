@@ -19,7 +19,7 @@ import pytest
 from waiting import HANG, until  # tests/waiting.py
 
 from tinker_sync import HealthPolicy
-from tinker_sync._flow import sharedbackoff
+from tinker_sync._flow import sharedbackoff, sharedcircuit
 from tinker_sync._flow.breaker import CLOSED, HALF_OPEN, OPEN, TenantHealth, Turn
 from tinker_sync._flow.sharedcircuit import (
     RECORD_SIZE,
@@ -155,6 +155,36 @@ def test_the_first_answer_in_any_process_closes_it_for_all(procs: list[Process])
     assert a.tenant.turn() is Turn.WAIT
     rec = record()
     assert rec is not None and rec.state == "open" and rec.epoch == 2
+
+
+def test_while_closed_an_unchanged_record_is_not_decoded_and_the_clock_not_read(
+    procs: list[Process], monkeypatch: pytest.MonkeyPatch
+):
+    # Every sample asks is_open() and turn() about ten times: while the circuit is closed
+    # and no process wrote the record since, they compare its bytes and return.
+    a, b, _ = procs
+    a.open_it()
+    advance(procs, 1.0)
+    assert b.tenant.turn() is Turn.PROBE
+    b.tenant.success()  # closed: a closed record stays in the file, as after any outage
+    assert a.tenant.turn() is Turn.SEND and a.tenant.adopted_closes == 1
+    decoded: list[bytes] = []
+    monkeypatch.setattr(sharedcircuit, "decode", lambda raw: decoded.append(raw) or decode(raw))
+    clock_reads = 0
+    monotonic = a.clock.monotonic
+
+    def counted() -> float:
+        nonlocal clock_reads
+        clock_reads += 1
+        return monotonic()
+
+    monkeypatch.setattr(a.clock, "monotonic", counted)
+    for _ in range(100):
+        assert not a.tenant.is_open() and a.tenant.turn() is Turn.SEND
+    assert (len(decoded), clock_reads) == (0, 0)
+    b.open_it()  # another process's opening is still adopted at the next call
+    assert a.tenant.is_open() and a.tenant.turn() is Turn.WAIT
+    assert a.tenant.adopted_opens == 1 and len(decoded) == 1
 
 
 def test_waiting_for_another_processs_probe_waits_for_its_answer_not_on_the_clock(

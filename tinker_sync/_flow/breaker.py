@@ -315,6 +315,8 @@ class TenantHealth:
         ``holder.probe`` is set True in the same step that takes the probe, so an exception
         raised right after this returns (a signal handler's) cannot lose whom it went to.
         """
+        if self._state == CLOSED and self._nothing_new():
+            return Turn.SEND  # the fast path: closed, and no other process wrote the record
         with self._lock:
             # Not ``return`` inside ``with``: an exception raised right after a returning call
             # there (a signal handler's) would skip the lock's exit and leave it held.
@@ -323,6 +325,8 @@ class TenantHealth:
 
     def is_open(self) -> bool:
         """Whether requests are parked now (open, or half-open with the probe out)."""
+        if self._state == CLOSED and self._nothing_new():
+            return False  # the fast path: no lock, no clock
         with self._lock:
             now = self.clock.monotonic()
             self._advance_locked(now)
@@ -615,15 +619,31 @@ class TenantHealth:
             log.debug("ignoring an implausible shared circuit record of %s", self.url)
         return False
 
+    def _nothing_new(self) -> bool:
+        """Without this tenant's lock: nothing for :meth:`_sync_locked` to adopt (no shared
+        file to open, or the file still holds the bytes of the record last seen).
+
+        With ``self._state == CLOSED`` read just before, the closed state needs no lock:
+        the clock moves only an open circuit, and only a slow path (under the lock) or a
+        record another process wrote (which this check sees) opens it.
+        """
+        shared = self._shared
+        if shared is None:
+            return not (self._share and self.policy.enabled)  # else: the file is opened first
+        return shared.holds(self._seen)
+
     def _sync_locked(self, now: float) -> None:
         """Adopt a record another process wrote since we last looked (honoured once)."""
         shared = self._shared_file()
         if shared is None:
             return
         record = shared.read()
-        if record is None or record == self._seen:
+        seen = self._seen
+        if record is None or record is seen:
             return
         self._seen = record
+        if record == seen:
+            return  # the same record, decoded again: now the object the fast path compares
         self._adopt_locked(record, now)
 
     def _adopt_locked(self, record: CircuitRecord, now: float) -> None:

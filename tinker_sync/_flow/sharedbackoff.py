@@ -42,7 +42,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 log = logging.getLogger("tinker_sync.ratelimit")
 
@@ -120,6 +120,8 @@ class MappedRecord:
 
     Subclasses decode the bytes (:meth:`_read_raw` retries a torn read) and change them with
     :meth:`_update` (read-modify-write under the lock). Create through :func:`open_tenant_file`.
+    Bytes equal to the last ones read or written here give the same value object again
+    without decoding them (a cheap unchanged-check: callers may compare with ``is``).
     """
 
     def __init__(self, path: str, fd: int, mapped: mmap.mmap, size: int) -> None:
@@ -128,20 +130,41 @@ class MappedRecord:
         self._map = mapped
         self._size = size
         self._lock = threading.Lock()  # flock is per open file: serialise our own threads too
+        self._never_written = bytes(size)  # a new file: nobody has written yet
+        #: The bytes last read or written here and their value: an unchanged record (the
+        #: common case: it is read before every request) is compared, not decoded again.
+        self._last: tuple[bytes, Any] | None = None
 
     def _read_raw(self, decode: Callable[[bytes], T | None]) -> T | None:
         """The decoded record, or None (never written, torn three times, corrupt, closed)."""
         if self._map.closed:
             return None
-        never_written = bytes(self._size)  # a new file: nobody has written yet
         for _ in range(_READ_ATTEMPTS):  # a torn record (a write in progress) is read again
             raw = self._map[: self._size]
-            if raw == never_written:
-                return None
-            value = decode(raw)
-            if value is not None:
-                return value
+            last = self._last
+            if last is not None and raw == last[0]:
+                return cast("T | None", last[1])  # the same object as the last time
+            if raw == self._never_written:
+                value = None
+            else:
+                value = decode(raw)
+                if value is None:
+                    continue
+            self._last = (raw, value)
+            return value
         return None
+
+    def holds(self, value: object) -> bool:
+        """Whether the record still holds the bytes last read or written here as ``value``
+        (that very object): one compare, no decode. The cheap unchanged-check."""
+        with self._lock:
+            last = self._last
+            return (
+                last is not None
+                and last[1] is value
+                and not self._map.closed
+                and self._map[: self._size] == last[0]
+            )
 
     @contextmanager
     def _locked(self) -> Iterator[bool]:
@@ -174,7 +197,9 @@ class MappedRecord:
             new = change(current)
             if new is None:
                 return current
-            self._map[: self._size] = encode(new)
+            raw = encode(new)
+            self._map[: self._size] = raw
+            self._last = (raw, new)  # read back as this very object until someone writes
             return new
 
     def close(self) -> None:

@@ -109,6 +109,9 @@ class SampleJob:
         #: Request ids the server accepted and then lost (docs/polling.md#lost-requests).
         self.lost: list[str] = []
         self._stop: BaseException | None = None
+        #: Set by _on_cancel: stop_reason (asked several times per sample) reads this flag,
+        #: not the future's state under its condition lock.
+        self._cancelled = False
         self._released = False
         self._slot: list[bool] = []  # [True] once a concurrency slot is held
         self.fut: APIFuture[Any] = APIFuture(on_cancel=self._on_cancel, description="Sample")
@@ -126,7 +129,7 @@ class SampleJob:
 
     def stop_reason(self) -> BaseException | None:
         """Why this job must stop now (cancelled, closed, stuck), else None."""
-        if self.fut.cancelled():
+        if self._cancelled:
             return Cancelled()
         if self.session.closed or self.client._closed:
             return ClientClosedError("the client was closed while this sample was pending")
@@ -179,6 +182,7 @@ class SampleJob:
     def _on_cancel(self) -> None:
         """Runs in the cancelling thread once ``fut.cancel()`` succeeded
         (docs/design/behavior.md#sample-cancellation)."""
+        self._cancelled = True  # first: every stop_reason from now on says Cancelled
         limiter = self.limiter
         if limiter is not None:
             limiter.wake(everything=False)  # a held ticket stops now, a queued one at its turn
