@@ -314,3 +314,28 @@ def test_a_probe_answered_429_closes_it() -> None:
     health.observe(SimpleNamespace(kind="request", data={"status": 429, "path": "/x"}))
     assert tenant.state == CLOSED
     assert tenant.successes == 1 and tenant.snapshot()["failed_probes"] == 0
+
+
+def test_a_poll_turn_asks_nothing_while_its_queue_is_not_paused() -> None:
+    # Every poll takes a turn: while nothing is paused it costs a dict lookup (the caller has
+    # just checked its own stop); a declared pause still asks stopped() and holds the turn.
+    tenant, _, _ = make()
+    asked: list[str] = []
+
+    def stopped(who: str) -> bool:
+        asked.append(who)
+        return False
+
+    a, b = object(), object()
+    for _ in range(10):
+        assert tenant.pause_turn("sampling", a, lambda: stopped("a"))
+        tenant.pause_report("sampling", a, paused=None, answered=True)
+    assert asked == []
+    tenant.pause_report("sampling", a, paused="paused_rate_limit", answered=False)
+    assert tenant.paused("sampling") == "paused_rate_limit"
+    assert tenant.pause_turn("training", b, lambda: stopped("b"))  # another queue: not paused
+    assert tenant.pause_turn("sampling", a, lambda: stopped("a"))
+    assert asked == ["a"]
+    tenant.pause_report("sampling", a, paused=None, answered=True)  # the pause is over
+    assert tenant.paused("sampling") is None
+    assert tenant.pause_turn("sampling", b, lambda: stopped("b")) and asked == ["a"]

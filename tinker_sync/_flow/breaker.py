@@ -436,7 +436,11 @@ class TenantHealth:
         ``paused_polls_per_s`` a second; the others wait here, on their thread, until the pause
         ends or it is their turn. False when ``stopped()`` says so meanwhile (docs/health.md).
         A True answer must be followed by :meth:`pause_report` (the turn is held till then).
+        While the queue is not paused it returns True at once, without asking ``stopped()``
+        (the caller has just checked its own stop).
         """
+        if kind not in self._paused:
+            return True  # the fast path: no pause declared (a dict lookup; no lock)
         while True:
             if stopped():
                 return False
@@ -470,6 +474,8 @@ class TenantHealth:
         is not paused (a result, an error of the request, an active queue state), which ends
         the pause and wakes every waiting poll. Other outcomes (5xx, no state) change nothing.
         """
+        if paused is None and kind not in self._paused and kind not in self._pause_holder:
+            return  # the fast path: no pause declared, no turn held; nobody waits for one
         with self._lock:
             now = self.clock.monotonic()
             if self._pause_holder.get(kind) is who:
