@@ -824,7 +824,8 @@ class TenantHealth:
         shared = self._shared_file()
         if shared is None:
             return
-        record = shared.read()
+        seen = self._seen
+        record = seen if shared.holds(seen) else shared.read()  # unchanged: no decode
         if record is not None and record.state == OPEN:
             self._publish_close_locked()
 
