@@ -65,6 +65,7 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -76,6 +77,7 @@ from tinker_sync._runtime.fork import (
     make_lock,
     register_after_fork,
 )
+from tinker_sync._runtime.governor import Governor, governor, main_sdk_done, main_sdk_start
 
 log = logging.getLogger("tinker_sync.executor")
 
@@ -90,6 +92,9 @@ DEFAULT_SIZES: dict[str, int] = {
     "async": 32,
     "hedge": 2,
 }
+#: Pools whose workers pace themselves while the main thread is busy (``_runtime.governor``).
+GOVERNED_ROLES = frozenset({"sample-submit", "sample-poll"})
+
 _IDLE_EXIT_S = 30.0
 
 Job = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -120,6 +125,8 @@ class DaemonPool:
         #: requester -> the width it asked for (:meth:`widen`); the pool grows to the largest.
         self._widths: dict[Hashable, int] = {}
         self._limit = max_workers
+        #: Sampling pools yield to a busy main thread (docs/scale-out.md#background-share).
+        self._governor: Governor | None = governor() if role in GOVERNED_ROLES else None
 
     @property
     def threads(self) -> int:
@@ -234,10 +241,20 @@ class DaemonPool:
                 fn, args = self._jobs.popleft()
                 self._running += 1
                 ran = True
+            governed = self._governor
+            if governed is None:
+                try:
+                    fn(*args)
+                except BaseException:  # jobs own their errors; this is a last resort
+                    log.exception("unhandled error in %s job %r", self.role, fn)
+                continue
+            governed.pace()
+            started = time.thread_time()
             try:
                 fn(*args)
-            except BaseException:  # jobs own their errors; this is a last resort
+            except BaseException:
                 log.exception("unhandled error in %s job %r", self.role, fn)
+            governed.charge(time.thread_time() - started)
 
 
 class Claimable:
@@ -271,7 +288,11 @@ class Claimable:
             return False
         fn, self._fn = self._fn, None
         if fn is not None:
-            fn()
+            start = main_sdk_start()  # result() running a step on the main thread
+            try:
+                fn()
+            finally:
+                main_sdk_done(start)
         return True
 
 

@@ -14,6 +14,8 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 
+from tinker_sync._runtime.governor import main_sdk_done, main_sdk_start
+
 current_sdk_method: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tinker_sync_sdk_method", default=None
 )
@@ -27,10 +29,12 @@ def sdk_method_scope(name: str) -> Iterator[None]:
         yield
         return
     token = current_sdk_method.set(name)
+    start = main_sdk_start()  # the main thread's CPU in here is not its own work
     try:
         yield
     finally:
         current_sdk_method.reset(token)
+        main_sdk_done(start)
 
 
 def context_without_sdk_method() -> contextvars.Context:

@@ -1,0 +1,192 @@
+"""The sampling threads' share of the CPU while the main thread is busy
+(docs/scale-out.md#background-share): the arithmetic on a fake clock and a fake main-thread CPU
+clock, the environment switch, and the pools it governs against a real server."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from tinker_sync._runtime import executor
+from tinker_sync._runtime.clock import FakeClock
+from tinker_sync._runtime.governor import (
+    BUSY,
+    DEFAULT_SHARE,
+    MAX_PAUSE_S,
+    PERIOD_S,
+    Governor,
+    governor,
+    main_thread_cpu,
+    share_from_env,
+)
+
+SHARE = 0.2  # ratio 0.25: the workers may use a quarter of the busy main thread's CPU
+
+
+class MainCpu:
+    """The main thread's CPU clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.seconds: float | None = 100.0
+
+    def __call__(self) -> float | None:
+        return self.seconds
+
+
+def make(share: float = SHARE) -> tuple[Governor, FakeClock, MainCpu]:
+    clock, main = FakeClock(), MainCpu()
+    gov = Governor(share, clock=clock, main_cpu=main)
+    gov.pace()  # the first measurement only takes the baselines
+    return gov, clock, main
+
+
+def period(
+    clock: FakeClock, main: MainCpu, gov: Governor, *, main_used: float, ours: float
+) -> None:
+    """One measurement period: the main thread used ``main_used`` s, the workers ``ours`` s."""
+    clock.advance(PERIOD_S * 1.001)  # a little over: float sums of periods are not exact
+    assert main.seconds is not None
+    main.seconds += main_used
+    gov.charge(ours)
+
+
+def test_workers_pause_until_the_busy_main_thread_is_back_at_the_ratio():
+    gov, clock, main = make()
+    period(clock, main, gov, main_used=0.005, ours=0.004)
+    gov.pace()
+    # ratio 0.25: 0.004 s of ours needs 0.016 s of the main thread's; it had 0.005
+    assert clock.sleeps_for("background-share") == [pytest.approx(0.011)]
+    assert gov.pauses == 1 and gov.paused_s == pytest.approx(0.011)
+    # a worker arriving during the pause sleeps until its end, and nothing is measured
+    clock_at = clock.monotonic()
+    gov._until = clock_at + 0.003  # the pause decided at the next measurement
+    gov.pace()
+    assert clock.sleeps_for("background-share")[-1] == pytest.approx(0.003)
+    assert gov.pauses == 1
+
+
+def test_an_idle_main_thread_never_slows_the_workers():
+    """A main thread blocked in result() uses no CPU: no pause however busy the workers."""
+    gov, clock, main = make()
+    for _ in range(5):
+        period(clock, main, gov, main_used=BUSY * PERIOD_S * 0.9, ours=PERIOD_S * 2)
+        gov.pace()
+    assert clock.sleeps == [] and gov.pauses == 0
+
+
+def test_the_main_threads_time_inside_sdk_calls_is_not_its_own_work():
+    """A main thread busy submitting samples (or running a step in result()) is not busy with
+    its own work: the workers are not paced for it."""
+    gov, clock, main = make()
+    period(clock, main, gov, main_used=0.009, ours=0.01)
+    gov.main_in_sdk(0.008)  # of its 0.009 s, 0.008 s were inside sample()
+    gov.pace()
+    assert clock.sleeps == [] and gov.pauses == 0
+
+
+def test_workers_within_the_ratio_do_not_pause():
+    gov, clock, main = make()
+    for _ in range(5):
+        period(clock, main, gov, main_used=0.008, ours=0.002)  # exactly 0.25
+        gov.pace()
+    assert clock.sleeps == [] and gov.pauses == 0
+
+
+def test_a_pause_is_capped_and_what_is_left_is_paid_by_the_next_ones():
+    gov, clock, main = make()
+    period(clock, main, gov, main_used=0.004, ours=0.02)  # 0.019 over: 0.076 s of main's
+    gov.pace()
+    assert clock.sleeps_for("background-share") == [MAX_PAUSE_S]
+    # the pause: the main thread ran alone for its length and paid 0.0125 s of the debt
+    assert main.seconds is not None
+    main.seconds += MAX_PAUSE_S
+    gov.pace()
+    assert clock.sleeps_for("background-share") == [MAX_PAUSE_S, pytest.approx(0.026)]
+
+
+def test_time_under_the_share_is_banked_for_one_period_only():
+    gov, clock, main = make()
+    for _ in range(10):
+        period(clock, main, gov, main_used=PERIOD_S, ours=0.0)  # workers idle: credit
+        gov.pace()
+    period(clock, main, gov, main_used=0.005, ours=0.005)  # 0.00375 over, 0.0025 banked
+    gov.pace()
+    assert clock.sleeps_for("background-share") == [pytest.approx(0.005)]
+
+
+def test_measured_once_a_period():
+    """Calls within a period cost one clock read: the main thread's clock is not read."""
+    gov, clock, main = make()
+    main.seconds = None  # would make a measurement forget its baselines
+    clock.advance(PERIOD_S / 2)
+    gov.charge(1.0)
+    gov.pace()
+    assert gov._start is not None  # not measured
+    clock.advance(PERIOD_S)
+    gov.pace()
+    assert gov._start is None and gov.pauses == 0  # measured: unreadable, stays idle
+
+
+def test_share_must_be_a_fraction():
+    with pytest.raises(ValueError, match="share"):
+        Governor(1.0)
+    with pytest.raises(ValueError, match="share"):
+        Governor(0.0)
+
+
+def test_the_environment_sets_the_share_or_switches_it_off(caplog: pytest.LogCaptureFixture):
+    env = "TINKER_SYNC_BACKGROUND_SHARE"
+    assert share_from_env({}) == DEFAULT_SHARE
+    assert share_from_env({env: "0.3"}) == 0.3
+    assert share_from_env({env: "1"}) is None
+    with caplog.at_level(logging.WARNING, logger="tinker_sync.governor"):
+        assert share_from_env({env: "lots"}) == DEFAULT_SHARE
+        assert share_from_env({env: "0"}) == DEFAULT_SHARE
+    assert [r.getMessage().split(" must")[0] for r in caplog.records] == [env, env]
+
+
+def test_the_main_threads_cpu_clock_moves_with_its_work():
+    before = main_thread_cpu()
+    if before is None:
+        pytest.skip("no per-thread CPU clocks on this platform: there is no governor")
+    x = 0
+    for i in range(300_000):
+        x = (x * 31 + i) % 1_000_003
+    after = main_thread_cpu()
+    assert after is not None and after > before
+
+
+def test_sampling_pools_pace_while_the_main_thread_computes(server, service):  # type: ignore[no-untyped-def]
+    """Against a real server: 300 samples in flight while this (main) thread runs a
+    pure-Python loop. The governor pauses the sampling workers, every sample still completes,
+    and the server saw each one once; with the main thread waiting in result() instead, it
+    never pauses."""
+    from tinker_sync import types
+
+    gov = governor()
+    if gov is None:
+        pytest.skip("no per-thread CPU clocks on this platform: there is no governor")
+    assert threading.current_thread() is threading.main_thread()
+    sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
+    prompt = types.ModelInput.from_ints(list(range(32)))
+    params = types.SamplingParams(max_tokens=4)
+    for f in [sampler.sample(prompt, 1, params) for _ in range(20)]:
+        f.result()  # warm: the pools exist, the connections are open
+    assert executor.pool("sample-poll")._governor is gov
+
+    idle_pauses = gov.pauses
+    for f in [sampler.sample(prompt, 1, params) for _ in range(300)]:
+        f.result()
+    assert gov.pauses == idle_pauses  # a waiting main thread is never "busy"
+
+    futures = [sampler.sample(prompt, 1, params) for _ in range(300)]
+    x, i = 0, 0
+    while not all(f.done() for f in futures):
+        for i in range(20_000):
+            x = (x * 31 + i) % 1_000_003
+    assert gov.pauses > idle_pauses
+    results = [f.result() for f in futures]
+    assert all(len(r.sequences[0].tokens) == 4 for r in results)
+    assert server.requests.count("asample") == 620  # each sample sent once
