@@ -23,7 +23,7 @@ import pytest
 from tinker_sync import _config, _futures, checkpoints
 from tinker_sync._flow import breaker, hedge, limiter, retry, sharedbackoff, sharedcircuit
 from tinker_sync._polling import decide, hold, poller
-from tinker_sync._runtime import executor, imports
+from tinker_sync._runtime import executor, governor, imports
 from tinker_sync._sampling import retry as job_retry
 from tinker_sync._sampling.retry import RetryConfig
 from tinker_sync._session import state
@@ -127,6 +127,14 @@ FACTS: list[Fact] = [
         r"`MAIN_WAIT_SLICE_S` \(([\d.]+) s\)", [_futures.MAIN_WAIT_SLICE_S], where="guarantees.md"
     ),
     Fact(r"`IMPORT_ATTEMPTS` \((\d+)\)", [imports.IMPORT_ATTEMPTS], where="guarantees.md"),
+    # the background share (docs/scale-out.md#background-share)
+    Fact(
+        r"used at least (\d+) % of the last\s+(\d+) ms\)",
+        [governor.BUSY * 100, governor.PERIOD_S * 1000],
+        where="scale-out.md",
+    ),
+    Fact(r"at most (\d+) ms per decision", [governor.MAX_PAUSE_S * 1000], where="scale-out.md"),
+    Fact(r"default share of ([\d.]+) your", [governor.DEFAULT_SHARE], where="scale-out.md"),
     Fact(r"min\(2\^n, (\d+)\)", [retry.HOLDER_MAX_WAIT], where="tinker_sync/_flow/"),
     Fact(r"total stays within (\d+) s", [retry.HOLDER_BUDGET_S]),
     Fact(r"a 402 pauses (\d+) s at a time", [retry.BILLING_PAUSE_S]),
