@@ -37,7 +37,7 @@ class MainCpu:
 
 def make(share: float = SHARE) -> tuple[Governor, FakeClock, MainCpu]:
     clock, main = FakeClock(), MainCpu()
-    gov = Governor(share, clock=clock, main_cpu=main)
+    gov = Governor(share, clock=clock, main_cpu=main, thread_cpu=lambda: 0.0)
     gov.pace()  # the first measurement only takes the baselines
     return gov, clock, main
 
@@ -114,6 +114,26 @@ def test_time_under_the_share_is_banked_for_one_period_only():
     period(clock, main, gov, main_used=0.005, ours=0.005)  # 0.00375 over, 0.0025 banked
     gov.pace()
     assert clock.sleeps_for("background-share") == [pytest.approx(0.005)]
+
+
+def test_each_pace_charges_the_workers_cpu_since_its_previous_one():
+    clock, main, worker = FakeClock(), MainCpu(), [0.0]
+    gov = Governor(SHARE, clock=clock, main_cpu=main, thread_cpu=lambda: worker[0])
+    gov.pace()
+    done = threading.Event()
+
+    def other_worker() -> None:  # its own baseline: its first pace charges nothing
+        gov.pace()
+        done.set()
+
+    worker[0] = 0.004  # this worker's job
+    threading.Thread(target=other_worker).start()
+    assert done.wait(5)
+    clock.advance(PERIOD_S * 1.001)
+    assert main.seconds is not None
+    main.seconds += 0.005
+    gov.pace()  # charges 0.004: as in the first test, a pause of 0.011 s
+    assert clock.sleeps_for("background-share") == [pytest.approx(0.011)]
 
 
 def test_measured_once_a_period():

@@ -65,7 +65,6 @@ import heapq
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -241,20 +240,12 @@ class DaemonPool:
                 fn, args = self._jobs.popleft()
                 self._running += 1
                 ran = True
-            governed = self._governor
-            if governed is None:
-                try:
-                    fn(*args)
-                except BaseException:  # jobs own their errors; this is a last resort
-                    log.exception("unhandled error in %s job %r", self.role, fn)
-                continue
-            governed.pace()
-            started = time.thread_time()
+            if self._governor is not None:
+                self._governor.pace()
             try:
                 fn(*args)
-            except BaseException:
+            except BaseException:  # jobs own their errors; this is a last resort
                 log.exception("unhandled error in %s job %r", self.role, fn)
-            governed.charge(time.thread_time() - started)
 
 
 class Claimable:
@@ -323,6 +314,7 @@ class BoundedLane:
         self._jobs: collections.deque[Job] = collections.deque()
         self._active = 0
         self._generation = fork_generation()
+        self._governor: Governor | None = governor() if role in GOVERNED_ROLES else None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         with self._lock:
@@ -353,6 +345,8 @@ class BoundedLane:
                     self._active -= 1
                     return
                 fn, args = self._jobs.popleft()
+            if self._governor is not None:
+                self._governor.pace()  # a drain may run many jobs in one pool job
             try:
                 fn(*args)
             except BaseException:

@@ -6,9 +6,7 @@ Usage::
 
     gov = governor()                  # process-wide; None when switched off or unsupported
     gov.pace()                        # a sampling worker, before each job: may sleep
-    start = time.thread_time()
     job()
-    gov.charge(time.thread_time() - start)
 
 Why (docs/scale-out.md#background-share): CPython lets one thread run Python at a time, and a
 thread waiting for the interpreter lock takes it from a busy thread only after the switch
@@ -28,9 +26,10 @@ switches the governor off). The main thread's CPU is read with ``time.pthread_ge
 where that does not exist (macOS, Windows) there is no governor. Only the main thread is
 watched: a busy thread of your own elsewhere is not seen.
 
-Thread safety: :meth:`Governor.pace` and :meth:`Governor.charge` may be called from any
-thread; charges are added without a lock (a rare lost update loses one job's CPU, the
-measurement is approximate by design). Fork safety: a forked child builds its own governor
+Each call of :meth:`Governor.pace` charges the calling worker's CPU since its previous call (its
+last job's). Thread safety: :meth:`Governor.pace` may be called from any thread; charges are
+added without a lock (a rare lost update loses one job's CPU: the measurement is approximate
+by design). Fork safety: a forked child builds its own governor
 (the parent's baselines are of other threads).
 """
 
@@ -113,7 +112,8 @@ class Governor:
 
     Parameters: ``share`` in (0, 1): the sampling threads' share of their CPU plus the main
     thread's while the latter is busy; ``clock``: monotonic time and the pause's sleep;
-    ``main_cpu``: the main thread's CPU seconds (None: unreadable, the governor stays idle).
+    ``main_cpu``: the main thread's CPU seconds (None: unreadable, the governor stays idle);
+    ``thread_cpu``: the calling thread's CPU seconds.
     """
 
     def __init__(
@@ -122,12 +122,15 @@ class Governor:
         *,
         clock: Clock = SYSTEM_CLOCK,
         main_cpu: Callable[[], float | None] = main_thread_cpu,
+        thread_cpu: Callable[[], float] = time.thread_time,
     ) -> None:
         if not 0.0 < share < 1.0:
             raise ValueError(f"share must be in (0, 1), got {share}")
         self.share = share
         self.clock = clock
         self._main_cpu = main_cpu
+        self._thread_cpu = thread_cpu
+        self._workers = threading.local()  # .cpu: the worker's CPU clock at its last pace()
         self._ratio = share / (1.0 - share)
         self._lock = make_lock()
         self._charged = 0.0
@@ -149,20 +152,22 @@ class Governor:
         self._main_in_sdk += cpu_seconds
 
     def pace(self) -> None:
-        """Before a sampling job: sleep while a pause is decided, and measure once a period."""
+        """Before a sampling job: charge the worker's last job, sleep while a pause is decided,
+        and measure once a period."""
+        cpu = self._thread_cpu()
+        last = getattr(self._workers, "cpu", None)
+        self._workers.cpu = cpu
+        if last is not None:
+            self._charged += cpu - last
         now = self.clock.monotonic()
-        if now < self._until:
-            self.clock.sleep(self._until - now, reason="background-share")
-            return
         start = self._start
-        if start is not None and now - start[0] < PERIOD_S:
-            return
-        if not self._lock.acquire(blocking=False):
-            return  # another worker is measuring
-        try:
-            self._measure(now)
-        finally:
-            self._lock.release()
+        if now >= self._until and (start is None or now - start[0] >= PERIOD_S):
+            if not self._lock.acquire(blocking=False):
+                return  # another worker is measuring
+            try:
+                self._measure(now)
+            finally:
+                self._lock.release()
         if now < self._until:
             self.clock.sleep(self._until - now, reason="background-share")
 
