@@ -466,16 +466,21 @@ class SdkBench:
         lost_ms: list[float] = []  # the loop's time lost in the window, per sample
         by_thread: dict[str, float] = {}  # CPU-ms per sample in the window, by thread group
         submit_ms: list[float] = []
+        paused_ms: list[float] = []  # tinker_sync: the sampling workers' pauses per window
+        gov = background_governor(self.sdk)
         with self.profiler.section():
             before = user_loop(lambda: False, solo_s)
             for _ in range(int(size["reps"])):
                 threads0, cpu0 = thread_cpu(), cpu_seconds()
+                paused0 = gov.paused_s if gov is not None else 0.0
                 t0 = time.perf_counter()
                 futures = self._sample_many(sampler, prompt, params, n)
                 submitted = time.perf_counter() - t0
                 all_done = done_checker(futures)
                 iterations, _ = user_loop(all_done, WINDOW_LIMIT_S)
                 window = time.perf_counter() - t0
+                if gov is not None:
+                    paused_ms.append((gov.paused_s - paused0) * 1e3)
                 used, threads1 = cpu_seconds() - cpu0, thread_cpu()
                 for name, sec in cpu_by_thread_group(threads0, threads1, used).items():
                     by_thread[name] = by_thread.get(name, 0.0) + sec * 1e3 / n / int(size["reps"])
@@ -501,8 +506,20 @@ class SdkBench:
             "cpu_ms_per_sample_by_thread": by_thread,
             "submit_ms": submit_ms,
             "switch_interval_s": sys.getswitchinterval(),
+            "background_share": gov.share if gov is not None else None,
+            "paused_ms": paused_ms,
             "peak_rss_mb": peak_rss_mb(),
         }
+
+
+def background_governor(sdk: ModuleType) -> Any:
+    """tinker_sync's sampling governor (docs/scale-out.md#background-share), None for the
+    official SDK or when it is switched off."""
+    if not sdk.__name__.startswith("tinker_sync"):
+        return None
+    from tinker_sync._runtime.governor import governor
+
+    return governor()
 
 
 #: Seconds a P12 window may last before the bench fails.

@@ -570,6 +570,8 @@ ROWS: tuple[Row, ...] = (
                 1.0,
             ),
             ("switch_interval_s", "ours", "switch_interval_s", 1.0),
+            ("ours_background_share", "ours", "background_share", 1.0),
+            ("ours_paused_ms", "ours", "paused_ms", 1.0),
         ),
     ),
     Row(
