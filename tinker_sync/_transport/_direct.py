@@ -290,11 +290,12 @@ class DirectConnection:
     systems) the socket's own timeout is used.
     """
 
-    __slots__ = ("_kernel", "sock", "timeout")
+    __slots__ = ("_kernel", "_poller", "sock", "timeout")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.timeout = sock.gettimeout()
+        self._poller: select.poll | None = None  # made by the first idle check, then reused
         self._kernel = KERNEL_TIMEOUTS and type(sock) is socket.socket
         if self._kernel:
             try:
@@ -331,8 +332,10 @@ class DirectConnection:
             if pending is not None and pending():
                 return True
             if hasattr(select, "poll"):
-                poller = select.poll()
-                poller.register(self.sock, select.POLLIN)
+                poller = self._poller
+                if poller is None:
+                    poller = self._poller = select.poll()
+                    poller.register(self.sock, select.POLLIN)
                 return bool(poller.poll(0))
             return bool(select.select([self.sock], [], [], 0)[0])
         except (OSError, ValueError):
@@ -467,6 +470,7 @@ class DirectPool:
         self._lock = make_lock()
         self._idle: list[DirectConnection] = []
         self._names: set[str] = set()  # header names already checked (names only, no values)
+        self._hosts: set[str] = set()  # those of them spelling Host
         self._closed = False
 
     def exchange(
@@ -525,14 +529,20 @@ class DirectPool:
 
             raise urllib3.exceptions.LocationValueError(f"invalid request target {target!r}")
         host_line = self._host_line
-        for name in headers:
-            if name not in self._names:
-                if not _HEADER_NAME.fullmatch(name):
-                    raise ValueError(f"Invalid header name {name!r}")
-                if len(self._names) < 256:
-                    self._names.add(name)
-            if len(name) == 4 and name.lower() == "host":
+        if self._names.issuperset(headers):  # every name checked before (the usual case)
+            if self._hosts and not self._hosts.isdisjoint(headers):
                 host_line = ""  # the caller's own Host header replaces ours (as in urllib3)
+        else:
+            for name in headers:
+                if name not in self._names:
+                    if not _HEADER_NAME.fullmatch(name):
+                        raise ValueError(f"Invalid header name {name!r}")
+                    if len(self._names) < 256:
+                        self._names.add(name)
+                        if len(name) == 4 and name.lower() == "host":
+                            self._hosts.add(name)
+                if len(name) == 4 and name.lower() == "host":
+                    host_line = ""
         lines = "\r\n".join([f"{k}: {v}" for k, v in headers.items()])
         if "\r" in lines or "\n" in lines or "\0" in lines:
             for k, v in headers.items():  # the rare case: find and name the bad one
