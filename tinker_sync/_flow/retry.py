@@ -380,19 +380,19 @@ def send_with_retries(
     if max_retries is None:
         max_retries = transport.config.max_retries
     clock = transport.clock if clock is None else clock
-    hooks = transport.hooks if hooks is None else tuple(hooks)
-    window = retry_window(transport)
-    policy = transport.config.health  # the backoff knobs (docs/health.md)
     send_once = transport.send_once if send is None else send
-    start = clock.monotonic()
+    start = attempt_start = clock.monotonic()
     k = 0
-    ladder = _Ladder(tenant)
+    ladder: _Ladder | None = None  # the rest is set up by a first failure (the rare case)
     while True:
-        attempt_start = clock.monotonic()
         try:
             reply = send_once(spec, k)
         except Exception as exc:
             now = clock.monotonic()
+            if ladder is None:
+                ladder = _Ladder(tenant)
+            window = retry_window(transport)
+            policy = transport.config.health  # the backoff knobs (docs/health.md)
             # No connection at all: retries stay within ``timeout`` seconds of the first
             # attempt, the last one timed to end (if as long as this one) at that deadline, so
             # an unreachable server fails within ``timeout`` yet a shorter outage is ridden
@@ -418,6 +418,9 @@ def send_with_retries(
         else:
             if reply.status < 400:
                 return reply
+            if ladder is None:
+                ladder = _Ladder(tenant)
+            policy = transport.config.health
             if (
                 k >= max_retries
                 or not should_retry(reply)
@@ -438,7 +441,7 @@ def send_with_retries(
             max_retries,
         )
         emit_hook(
-            hooks,
+            transport.hooks if hooks is None else tuple(hooks),
             "retry_scheduled",
             layer="http",
             delay=delay,
@@ -450,6 +453,7 @@ def send_with_retries(
         clock.sleep(delay, "http-retry")
         if exiting():
             raise failure
+        attempt_start = clock.monotonic()
 
 
 class _Ladder:

@@ -126,19 +126,30 @@ class PollHold:
     @contextlib.contextmanager
     def polling(self) -> Iterator[PollPlan]:
         """Count one poll in flight (on this thread) while the block runs; yields its plan."""
+        plan = self.begin()
+        try:
+            yield plan
+        finally:
+            self.end()
+
+    def begin(self) -> PollPlan:
+        """Count one poll in flight on this thread and return its plan; :meth:`end` must
+        follow (``try``/``finally``). :meth:`polling` without a generator per poll."""
         ident = threading.get_ident()
         with self._lock:
             self._active += 1
             self._threads[ident] = self._threads.get(ident, 0) + 1
             active = self._active
-        try:
-            yield self.plan(active)
-        finally:
-            with self._lock:
-                self._active -= 1
-                left = self._threads.pop(ident) - 1
-                if left:
-                    self._threads[ident] = left
+        return self.plan(active)
+
+    def end(self) -> None:
+        """The poll :meth:`begin` counted on this thread is over."""
+        ident = threading.get_ident()
+        with self._lock:
+            self._active -= 1
+            left = self._threads.pop(ident) - 1
+            if left:
+                self._threads[ident] = left
 
     def threads(self) -> list[int]:
         """Idents of the threads with a poll in flight now (``close()`` cuts those polls)."""

@@ -262,8 +262,11 @@ class Poll:
 
         def send() -> Reply:
             # A poll may be repeated: the server answers the same result again (hedging).
-            with hold.polling() as plan:
+            plan = hold.begin()  # hold.polling() without its generator (one per poll)
+            try:
                 return transport.send_once(self._spec(plan))
+            finally:
+                hold.end()
 
         billing_window = float(self.session.server.billing_exception_max_pause_duration_sec)
         while True:
@@ -304,14 +307,15 @@ class Poll:
                     hold.learn(reply.headers)
                     status = reply.status
                     self.progress.last_status = f"HTTP {status}"
+                    now = clock.monotonic()
                     decision = decide_reply(
                         reply.status,
                         reply.headers,
                         reply.content,
                         self.counters,
                         request_id=self.request_id,
-                        now=clock.monotonic(),
-                        elapsed=clock.monotonic() - started,
+                        now=now,
+                        elapsed=now - started,
                         jitter=clock.random(),
                         billing_window_s=billing_window,
                         op=self.request_type,

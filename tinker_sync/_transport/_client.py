@@ -22,6 +22,7 @@ from tinker_sync._transport._headers import (
     _BASE_HEADERS,
     _JSON,
     _PROTO,
+    _SDK_HEADER_NAMES,
     _fmt_seconds,
     _merge,
 )
@@ -36,6 +37,10 @@ from tinker_sync._transport._pools import (
 from tinker_sync.exceptions import APIConnectionError, ClientClosedError, RequestSnapshot
 
 logger = logging.getLogger("tinker_sync.transport")
+_JSON_BASE = {"Accept": _JSON, **_BASE_HEADERS}
+_PROTO_BASE = {"Accept": _PROTO, **_BASE_HEADERS}
+"""The first header lines of every request, copied per attempt."""
+assert "x-api-key" not in _SDK_HEADER_NAMES  # build_headers adds the credential without a merge
 _seen_deprecations: set[str] = set()
 _deprecations_lock = make_lock()
 
@@ -117,6 +122,9 @@ class Transport:
 
     def pools(self) -> HttpPools:
         """This process's pools for the server (re-acquired after a fork)."""
+        pools = self._pools  # the usual case without the lock: open, this process's pools
+        if not self._closed and pools.pid == current_pid():
+            return pools
         with self._lock:
             if self._closed:
                 raise ClientClosedError("The client was closed")
@@ -133,11 +141,8 @@ class Transport:
         config's (Cloudflare, user) headers, then the credential.
         """
         timeout = spec.timeout or self.config.timeout
-        headers = {
-            "Accept": _PROTO if spec.expect == "proto" else _JSON,
-            **_BASE_HEADERS,
-            "x-stainless-retry-count": str(attempt),
-        }
+        headers = (_PROTO_BASE if spec.expect == "proto" else _JSON_BASE).copy()
+        headers["x-stainless-retry-count"] = str(attempt)
         if timeout.read is not None:
             headers["x-stainless-read-timeout"] = _fmt_seconds(timeout.read)
         if spec.content is not None and spec.content_type:
@@ -148,11 +153,13 @@ class Transport:
             headers["x-sdk-version"] = PROTOCOL_VERSION
             headers["x-sdk-method"] = spec.sdk_method
         overrides = [o for o in (spec.headers, self._static_headers) if o]
+        if not overrides:  # the credential alone: its name is none of the SDK's (a plain add)
+            if token:
+                headers["X-API-Key"] = token
+            return headers
         if token:
             overrides.append({"X-API-Key": token})
-        if overrides:
-            headers = _merge(headers, *overrides)
-        return headers
+        return _merge(headers, *overrides)
 
     def send_once(self, spec: RequestSpec, attempt: int = 0) -> Reply:
         """Send ``spec`` once (plus one replay after an ``invalid_token`` 401).

@@ -199,7 +199,8 @@ def exchange(
             status, reply_headers, raw = route.direct.exchange(
                 method, target, body, headers, timeout, deadline
             )
-            content = decode(raw, reply_headers.get("content-encoding", ""), route.limit)
+            coding = reply_headers.get("content-encoding")
+            content = raw if coding is None else decode(raw, coding, route.limit)
             response = _Response(status, reply_headers, content)
             if response.status not in _REDIRECT_STATUSES or not follow_redirects:
                 return response, url
