@@ -409,6 +409,33 @@ def test_header_precedence(stub: Stub) -> None:
     assert sum(1 for k in with_auth.headers if k.lower() == "x-api-key") == 1
 
 
+@pytest.mark.parametrize(
+    "spec_headers",
+    [{}, {"X-Tinker-Sampling-Backpressure": "1"}, {"accept": "text/plain"}, {"A": "1", "a": "2"}],
+)
+@pytest.mark.parametrize(
+    "user", [{}, {"x-tinker-request-type": "user"}, {"x-stainless-os": "Plan9"}, {"X-API-KEY": "u"}]
+)
+def test_built_headers_are_the_case_insensitive_merge_of_their_sources(
+    spec_headers: dict[str, str], user: dict[str, str]
+) -> None:
+    # build_headers adds overrides whose names collide with nothing without merging: the
+    # lines and their order must stay those of the merge, with or without collisions.
+    from tinker_sync._transport._headers import _merge
+
+    with transport_for("http://127.0.0.1:9") as plain:
+        sdk = plain.build_headers(post(headers={}), 2, None)
+    with transport_for("http://127.0.0.1:9", default_headers_overrides=user) as t:
+        static = t.config.static_headers()
+        for token in (KEY, None):
+            for _ in range(2):  # the second time from what the transport remembered
+                spec = post(headers=spec_headers, idempotency_key=sdk["X-Idempotency-Key"])
+                got = t.build_headers(spec, 2, token)
+                sources = [o for o in (spec_headers, static) if o]
+                expected = _merge(dict(sdk), *sources, *([{"X-API-Key": token}] if token else []))
+                assert list(got.items()) == list(expected.items())
+
+
 def test_redirect_strips_secrets_across_origins(stub: Stub) -> None:
     other = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     other.daemon_threads = True

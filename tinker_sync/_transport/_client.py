@@ -40,7 +40,6 @@ logger = logging.getLogger("tinker_sync.transport")
 _JSON_BASE = {"Accept": _JSON, **_BASE_HEADERS}
 _PROTO_BASE = {"Accept": _PROTO, **_BASE_HEADERS}
 """The first header lines of every request, copied per attempt."""
-assert "x-api-key" not in _SDK_HEADER_NAMES  # build_headers adds the credential without a merge
 _seen_deprecations: set[str] = set()
 _deprecations_lock = make_lock()
 
@@ -74,6 +73,10 @@ class Transport:
         self.base_url = config.normalized_base_url
         self._pool_sizes = dict(pool_sizes or {})
         self._static_headers = config.static_headers()  # secrets: dropped by close()
+        # Whether the static headers' names can be added without a merge (build_headers),
+        # then per tuple of a request's own header names (_plain_names).
+        self._plain: dict[tuple[str, ...], bool] = {}
+        self._plain[()] = self._plain_names((), self._static_headers)
         self._lock = make_lock()
         self._closed = False
         self._pools = acquire_pools(self.base_url, self._pool_sizes)
@@ -152,14 +155,30 @@ class Transport:
         if spec.sdk_method:
             headers["x-sdk-version"] = PROTOCOL_VERSION
             headers["x-sdk-method"] = spec.sdk_method
-        overrides = [o for o in (spec.headers, self._static_headers) if o]
-        if not overrides:  # the credential alone: its name is none of the SDK's (a plain add)
+        static = self._static_headers
+        if not self._plain_names(tuple(spec.headers), static):
+            overrides = [o for o in (spec.headers, static) if o]
             if token:
-                headers["X-API-Key"] = token
-            return headers
+                overrides.append({"X-API-Key": token})
+            return _merge(headers, *overrides)
+        # No override shares a name with another header (case-insensitively): each is added
+        # at the end in turn, which is what _merge does with such names.
+        headers.update(spec.headers)
+        headers.update(static)
         if token:
-            overrides.append({"X-API-Key": token})
-        return _merge(headers, *overrides)
+            headers["X-API-Key"] = token
+        return headers
+
+    def _plain_names(self, names: tuple[str, ...], static: Mapping[str, str]) -> bool:
+        """Whether ``names``, ``static``'s names and ``X-API-Key`` all differ case-insensitively
+        from each other and from the SDK's header names (remembered per tuple of names)."""
+        plain = self._plain.get(names)
+        if plain is None:
+            lows = [name.lower() for name in (*names, *static, "X-API-Key")]
+            plain = len(set(lows)) == len(lows) and _SDK_HEADER_NAMES.isdisjoint(lows)
+            if len(self._plain) < 64:  # names only (no values, no secrets)
+                self._plain[names] = plain
+        return plain
 
     def send_once(self, spec: RequestSpec, attempt: int = 0) -> Reply:
         """Send ``spec`` once (plus one replay after an ``invalid_token`` 401).
