@@ -37,6 +37,10 @@ class _InflightTracker:
     connection that connects or sends later fails the same way. Used at interpreter exit, in
     the process that opened the connections.
     Thread safety: all methods are thread-safe; entries are keyed by the sending thread.
+    ``begin`` and ``end`` (twice per request) take no lock: each changes only its own thread's
+    entry with one dict operation, and ``begin`` stores its connection before it reads
+    ``aborted`` while ``abort`` sets ``aborted`` before it reads the entries, so a connection
+    is either seen by ``abort`` or shut down by ``begin`` itself.
     """
 
     def __init__(self) -> None:
@@ -46,17 +50,14 @@ class _InflightTracker:
 
     def begin(self, conn: Any) -> None:
         """``conn`` starts sending a request on the calling thread."""
-        with self._lock:
-            self._conns[threading.get_ident()] = conn
-            aborted = self.aborted
-        if aborted:
+        self._conns[threading.get_ident()] = conn
+        if self.aborted:
             _shutdown(conn)
 
     def end(self) -> None:
         """The calling thread's exchange is over (its connection is back in the pool)."""
-        if self._conns:  # the common case after a request, without the lock when empty
-            with self._lock:
-                self._conns.pop(threading.get_ident(), None)
+        if self._conns:
+            self._conns.pop(threading.get_ident(), None)
 
     def connected(self, conn: Any) -> None:
         with self._lock:
@@ -71,13 +72,13 @@ class _InflightTracker:
     def abort_threads(self, threads: Collection[int]) -> int:
         """Shut down the sockets that ``threads`` (thread idents) are sending or reading on."""
         with self._lock:
-            conns = [self._conns[t] for t in threads if t in self._conns]
-        return sum(_shutdown(conn) for conn in conns)
+            found = [self._conns.get(t) for t in threads]  # an entry may end meanwhile
+        return sum(_shutdown(conn) for conn in found if conn is not None)
 
     def abort(self, *, sticky: bool = False) -> int:
         with self._lock:
+            self.aborted = self.aborted or sticky  # before reading the entries (see begin)
             conns = list(self._conns.values())
-            self.aborted = self.aborted or sticky
         return sum(_shutdown(conn) for conn in conns)
 
 
