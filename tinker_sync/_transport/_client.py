@@ -26,7 +26,7 @@ from tinker_sync._transport._headers import (
     _fmt_seconds,
     _merge,
 )
-from tinker_sync._transport._hooks import Hook, emit_hook
+from tinker_sync._transport._hooks import Hook, emit_event, emit_hook
 from tinker_sync._transport._models import Pool, Reply, RequestSpec
 from tinker_sync._transport._pools import (
     LONG_POLL_POOLS,
@@ -156,7 +156,11 @@ class Transport:
             headers["x-sdk-version"] = PROTOCOL_VERSION
             headers["x-sdk-method"] = spec.sdk_method
         static = self._static_headers
-        if not self._plain_names(tuple(spec.headers), static):
+        names = tuple(spec.headers)
+        plain = self._plain.get(names)
+        if plain is None:
+            plain = self._plain_names(names, static)
+        if not plain:
             overrides = [o for o in (spec.headers, static) if o]
             if token:
                 overrides.append({"X-API-Key": token})
@@ -172,12 +176,10 @@ class Transport:
     def _plain_names(self, names: tuple[str, ...], static: Mapping[str, str]) -> bool:
         """Whether ``names``, ``static``'s names and ``X-API-Key`` all differ case-insensitively
         from each other and from the SDK's header names (remembered per tuple of names)."""
-        plain = self._plain.get(names)
-        if plain is None:
-            lows = [name.lower() for name in (*names, *static, "X-API-Key")]
-            plain = len(set(lows)) == len(lows) and _SDK_HEADER_NAMES.isdisjoint(lows)
-            if len(self._plain) < 64:  # names only (no values, no secrets)
-                self._plain[names] = plain
+        lows = [name.lower() for name in (*names, *static, "X-API-Key")]
+        plain = len(set(lows)) == len(lows) and _SDK_HEADER_NAMES.isdisjoint(lows)
+        if len(self._plain) < 64:  # names only (no values, no secrets)
+            self._plain[names] = plain
         return plain
 
     def send_once(self, spec: RequestSpec, attempt: int = 0) -> Reply:
@@ -295,18 +297,20 @@ class Transport:
         duration: float,
         error: str | None,
     ) -> None:
-        emit_hook(
+        emit_event(
             self.hooks,
             "request",
-            method=spec.method,
-            path=spec.path,
-            pool=spec.pool.value,
-            status=status,
-            started=started,
-            duration=duration,
-            attempt=attempt,
-            error=error,
-            idempotency_key=spec.logical_key or spec.idempotency_key,
+            {
+                "method": spec.method,
+                "path": spec.path,
+                "pool": spec.pool.value,
+                "status": status,
+                "started": started,
+                "duration": duration,
+                "attempt": attempt,
+                "error": error,
+                "idempotency_key": spec.logical_key or spec.idempotency_key,
+            },
         )
 
     def emit(self, kind: str, **data: Any) -> None:

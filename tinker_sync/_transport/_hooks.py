@@ -59,7 +59,14 @@ def remove_global_hook(hook: Hook) -> None:
 
 def emit_hook(hooks: Sequence[Hook], kind: str, **data: Any) -> None:
     """Call each hook (then the global ones) with a :class:`HookEvent`; exceptions are logged."""
-    everything = (*hooks, *_global_hooks)
+    emit_event(hooks, kind, data)
+
+
+def emit_event(hooks: Sequence[Hook], kind: str, data: dict[str, Any]) -> None:
+    """:func:`emit_hook` with the fields already in a dict (which the event keeps: pass a new
+    one)."""
+    shared = _global_hooks
+    everything = (*hooks, *shared) if shared else hooks
     if not everything:
         return
     event = HookEvent(kind, data)
