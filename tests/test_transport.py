@@ -586,6 +586,48 @@ def test_a_plain_connection_is_blocking_with_kernel_timeouts(
     ]
 
 
+@pytest.mark.skipif(
+    not _direct.KERNEL_TIMEOUTS or not hasattr(socket, "TCP_INFO"), reason="TCP_INFO: 64-bit Linux"
+)
+@pytest.mark.parametrize("end", ["bytes", "fin", "rst"])
+def test_the_idle_check_of_a_plain_connection_reads_tcp_info_without_a_poll(end: str) -> None:
+    """A poll releases the GIL (docs/transport.md): on plain TCP the idle check asks the
+    kernel's TCP_INFO instead, and still finds bytes nobody asked for, a FIN and a RST."""
+    import select
+
+    def no_poll(*args: Any) -> Any:
+        raise AssertionError("the idle check polled")
+
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        conn = _direct.DirectConnection(socket.create_connection(server.getsockname(), 5.0))
+        peer, _ = server.accept()
+        try:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(select, "poll", no_poll)
+                mp.setattr(select, "select", no_poll)
+                assert not conn.dropped()
+                peer.sendall(reply)
+                status, _, body, reusable = conn.read_reply("GET", 1024, 5.0, None)
+                assert (status, body, reusable) == (200, b"ok", True)
+                assert not conn.dropped()  # every byte received was read
+            if end == "bytes":
+                peer.sendall(b"HTTP/1.1 200 OK\r\n")  # a reply nobody asked for
+            elif end == "fin":
+                peer.shutdown(socket.SHUT_WR)
+            else:
+                peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                peer.close()
+            assert select.select([conn.sock], [], [], 5.0)[0]  # arrived (before the patch)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(select, "poll", no_poll)
+                mp.setattr(select, "select", no_poll)
+                assert conn.dropped()
+        finally:
+            conn.close()
+            peer.close()
+
+
 @pytest.mark.skipif(not _direct.KERNEL_TIMEOUTS, reason="kernel socket timeouts: 64-bit Linux")
 def test_a_send_the_peer_never_reads_times_out_within_its_timeout() -> None:
     """A blocking socket's send timeout bounds the whole send, as a socket timeout does (a

@@ -257,6 +257,15 @@ class _Reply:
             self.done = True
 
 
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)
+"""Linux's ``TCP_INFO`` socket option (``struct tcp_info``, tcp(7)), or None elsewhere."""
+_TCP_ESTABLISHED = 1
+"""``tcpi_state`` (the struct's first byte) of an open connection (``TCP_ESTABLISHED``)."""
+_TCP_BYTES_RECEIVED_AT = 128
+"""Offset of ``tcpi_bytes_received`` (u64, Linux 4.1+): payload bytes received in order."""
+_TCP_BYTES_RECEIVED = struct.Struct("=Q")
+_TCP_INFO_SIZE = _TCP_BYTES_RECEIVED_AT + _TCP_BYTES_RECEIVED.size
+
 _TIMEVAL = struct.Struct("@ll")
 """``struct timeval`` of 64-bit Linux (``SO_RCVTIMEO`` / ``SO_SNDTIMEO``)."""
 KERNEL_TIMEOUTS = sys.platform == "linux" and _TIMEVAL.size == 16
@@ -290,12 +299,13 @@ class DirectConnection:
     systems) the socket's own timeout is used.
     """
 
-    __slots__ = ("_kernel", "_poller", "sock", "timeout")
+    __slots__ = ("_kernel", "_poller", "_read", "sock", "timeout")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.timeout = sock.gettimeout()
         self._poller: select.poll | None = None  # made by the first idle check, then reused
+        self._read = 0  # bytes read from the socket so far (the idle check compares them)
         self._kernel = KERNEL_TIMEOUTS and type(sock) is socket.socket
         if self._kernel:
             try:
@@ -326,7 +336,20 @@ class DirectConnection:
 
     def dropped(self) -> bool:
         """Whether an idle connection was closed by the peer or has bytes nobody asked for
-        (readable, or TLS data already decrypted: EOF or junk either way)."""
+        (readable, or TLS data already decrypted: EOF or junk either way).
+
+        With kernel timeouts (plain TCP on Linux) the kernel's ``TCP_INFO`` says it without a
+        poll, which would release the GIL: the connection is no longer established (the peer's
+        FIN or RST) or it received more bytes than were read from it.
+        """
+        if self._kernel and _TCP_INFO is not None:
+            try:
+                info = self.sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _TCP_INFO_SIZE)
+            except OSError:
+                info = b""  # the poll below decides
+            if len(info) >= _TCP_INFO_SIZE:  # else a kernel before 4.1: poll
+                received = _TCP_BYTES_RECEIVED.unpack_from(info, _TCP_BYTES_RECEIVED_AT)[0]
+                return info[0] != _TCP_ESTABLISHED or received != self._read
         try:
             pending = getattr(self.sock, "pending", None)  # ssl.SSLSocket.pending()
             if pending is not None and pending():
@@ -405,6 +428,7 @@ class DirectConnection:
             if not data:
                 return self._at_eof(reply, received)
             received += len(data)
+            self._read += len(data)
             if not reply.final and received > MAX_HEAD_BYTES:
                 raise protocol_error(f"reply header block above {MAX_HEAD_BYTES} bytes")
             try:
