@@ -380,9 +380,20 @@ class DirectConnection:
             self.sock.sendall(data)
             return
         end = time.monotonic() + self.timeout
-        view = memoryview(data)
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            raise TimeoutError("timed out") from None
+        if sent == len(data):  # the usual case: all of it at once
+            return
+        view = memoryview(data)[sent:]
         try:
             while True:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("timed out")
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(left))
+                self.timeout = -1.0  # the send timeout no longer matches: set both again
                 try:
                     sent = self.sock.send(view)
                 except BlockingIOError:
@@ -390,11 +401,6 @@ class DirectConnection:
                 view = view[sent:]
                 if not view:
                     return
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("timed out")
-                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(left))
-                self.timeout = -1.0  # the send timeout no longer matches: set both again
         finally:
             view.release()
 
