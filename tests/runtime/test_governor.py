@@ -116,7 +116,7 @@ def test_time_under_the_share_is_banked_for_one_period_only():
     assert clock.sleeps_for("background-share") == [pytest.approx(0.005)]
 
 
-def test_each_pace_charges_the_workers_cpu_since_its_previous_one():
+def test_done_charges_the_workers_cpu_since_its_pace():
     clock, main, worker = FakeClock(), MainCpu(), [0.0]
     gov = Governor(SHARE, clock=clock, main_cpu=main, thread_cpu=lambda: worker[0])
     gov.pace()
@@ -129,10 +129,11 @@ def test_each_pace_charges_the_workers_cpu_since_its_previous_one():
     worker[0] = 0.004  # this worker's job
     threading.Thread(target=other_worker).start()
     assert done.wait(5)
+    gov.done()  # charges 0.004
     clock.advance(PERIOD_S * 1.001)
     assert main.seconds is not None
     main.seconds += 0.005
-    gov.pace()  # charges 0.004: as in the first test, a pause of 0.011 s
+    gov.pace()  # as in the first test, a pause of 0.011 s
     assert clock.sleeps_for("background-share") == [pytest.approx(0.011)]
 
 

@@ -246,6 +246,8 @@ class DaemonPool:
                 fn(*args)
             except BaseException:  # jobs own their errors; this is a last resort
                 log.exception("unhandled error in %s job %r", self.role, fn)
+            if self._governor is not None:
+                self._governor.done()
 
 
 class Claimable:
@@ -351,6 +353,8 @@ class BoundedLane:
                 fn(*args)
             except BaseException:
                 log.exception("unhandled error in %s lane job %r", self.role, fn)
+            if self._governor is not None:
+                self._governor.done()
             if self.fair:
                 with self._lock:
                     if not self._jobs:

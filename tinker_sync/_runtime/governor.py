@@ -7,6 +7,7 @@ Usage::
     gov = governor()                  # process-wide; None when switched off or unsupported
     gov.pace()                        # a sampling worker, before each job: may sleep
     job()
+    gov.done()                        # charges the job's CPU
 
 Why (docs/scale-out.md#background-share): CPython lets one thread run Python at a time, and a
 thread waiting for the interpreter lock takes it from a busy thread only after the switch
@@ -26,8 +27,8 @@ switches the governor off). The main thread's CPU is read with ``time.pthread_ge
 where that does not exist (macOS, Windows) there is no governor. Only the main thread is
 watched: a busy thread of your own elsewhere is not seen.
 
-Each call of :meth:`Governor.pace` charges the calling worker's CPU since its previous call (its
-last job's). Thread safety: :meth:`Governor.pace` may be called from any thread; charges are
+:meth:`Governor.done` charges the calling worker's CPU since its previous call or
+:meth:`Governor.pace`. Thread safety: :meth:`Governor.pace` may be called from any thread; charges are
 added without a lock (a rare lost update loses one job's CPU: the measurement is approximate
 by design). Fork safety: a forked child builds its own governor
 (the parent's baselines are of other threads).
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 #: The sampling threads' CPU, as a share of theirs plus the busy main thread's.
-DEFAULT_SHARE = 0.15
+DEFAULT_SHARE = 0.1
 #: How often the shares are measured (the pause decided at one measurement lasts until the next
 #: one at most, unless longer is needed, up to :data:`MAX_PAUSE_S`).
 PERIOD_S = 0.01
@@ -152,13 +153,8 @@ class Governor:
         self._main_in_sdk += cpu_seconds
 
     def pace(self) -> None:
-        """Before a sampling job: charge the worker's last job, sleep while a pause is decided,
-        and measure once a period."""
-        cpu = self._thread_cpu()
-        last = getattr(self._workers, "cpu", None)
-        self._workers.cpu = cpu
-        if last is not None:
-            self._charged += cpu - last
+        """Before a sampling job: sleep while a pause is decided, and measure once a period."""
+        self.done()  # what the worker used since its last job (little: it was waiting)
         now = self.clock.monotonic()
         start = self._start
         if now >= self._until and (start is None or now - start[0] >= PERIOD_S):
@@ -170,6 +166,15 @@ class Governor:
                 self._lock.release()
         if now < self._until:
             self.clock.sleep(self._until - now, reason="background-share")
+
+    def done(self) -> None:
+        """After a sampling job: charge the CPU the calling worker used since its last
+        :meth:`pace` or :meth:`done` (its first call only takes the baseline)."""
+        cpu = self._thread_cpu()
+        last = getattr(self._workers, "cpu", None)
+        self._workers.cpu = cpu
+        if last is not None:
+            self._charged += cpu - last
 
     def _measure(self, now: float) -> None:
         main = self._main_cpu()
