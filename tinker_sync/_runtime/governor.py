@@ -28,10 +28,10 @@ where that does not exist (macOS, Windows) there is no governor. Only the main t
 watched: a busy thread of your own elsewhere is not seen.
 
 :meth:`Governor.done` charges the calling worker's CPU since its previous call or
-:meth:`Governor.pace`. Thread safety: :meth:`Governor.pace` may be called from any thread; charges are
-added without a lock (a rare lost update loses one job's CPU: the measurement is approximate
-by design). Fork safety: a forked child builds its own governor
-(the parent's baselines are of other threads).
+:meth:`Governor.pace`. Thread safety: both may be called from any thread; charges are added
+without a lock (a rare lost update loses one job's CPU: the measurement is approximate by
+design). Fork safety: a forked child builds its own governor (the parent's baselines are of
+other threads).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ class Governor:
 
 
 _MAIN_IDENT = threading.main_thread().ident
-_lock = threading.Lock()
+_lock = make_lock()
 _governor: Governor | None = None
 _resolved = False
 
@@ -243,7 +243,7 @@ def reset_governor() -> None:
     """Forget the process's governor; the next :func:`governor` reads the environment again
     (tests, and a forked child)."""
     global _governor, _resolved, _lock, _MAIN_IDENT
-    _governor, _resolved, _lock = None, False, threading.Lock()
+    _governor, _resolved, _lock = None, False, make_lock()
     _MAIN_IDENT = threading.main_thread().ident
 
 
