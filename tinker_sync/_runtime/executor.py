@@ -76,7 +76,7 @@ from tinker_sync._runtime.fork import (
     make_lock,
     register_after_fork,
 )
-from tinker_sync._runtime.governor import Governor, governor, main_sdk_done, main_sdk_start
+from tinker_sync._runtime.governor import Governor, governor
 
 log = logging.getLogger("tinker_sync.executor")
 
@@ -281,11 +281,7 @@ class Claimable:
             return False
         fn, self._fn = self._fn, None
         if fn is not None:
-            start = main_sdk_start()  # result() running a step on the main thread
-            try:
-                fn()
-            finally:
-                main_sdk_done(start)
+            fn()
         return True
 
 

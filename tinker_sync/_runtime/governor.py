@@ -51,6 +51,7 @@ __all__ = [
     "MAX_PAUSE_S",
     "MIN_PAUSE_S",
     "PERIOD_S",
+    "STALE_S",
     "Governor",
     "governor",
     "main_sdk_done",
@@ -69,6 +70,9 @@ PERIOD_S = 0.01
 BUSY = 0.25
 #: The longest pause decided at one measurement.
 MAX_PAUSE_S = 0.05
+#: A measurement longer after the previous one than this (the workers had nothing to do
+#: meanwhile) only takes new baselines: what the main thread did then says nothing about now.
+STALE_S = 0.1
 #: Shorter pauses are not taken (a sleep that short costs more than it gives back).
 MIN_PAUSE_S = 0.001
 
@@ -136,6 +140,8 @@ class Governor:
         self._lock = make_lock()
         self._charged = 0.0
         self._main_in_sdk = 0.0  # the main thread's CPU inside SDK calls (not the user's work)
+        self._entered: float | None = None  # its CPU clock when it entered the SDK call it is in
+        self._depth = 0  # SDK calls the main thread is in (nested)
         self._start: tuple[float, float, float] | None = None  # (monotonic, main CPU, charged)
         self._until = 0.0
         self._debt = 0.0  # the workers' CPU beyond their share while the main thread is busy
@@ -147,10 +153,21 @@ class Governor:
         """Count CPU a sampling worker used for one job."""
         self._charged += cpu_seconds
 
-    def main_in_sdk(self, cpu_seconds: float) -> None:
-        """Count CPU the main thread spent inside an SDK call (a ``sample()``, a step run by
-        ``result()``): the main thread is busy with its own work, not with ours."""
-        self._main_in_sdk += cpu_seconds
+    def main_enter(self, cpu: float) -> None:
+        """The main thread enters a public SDK call (``sample()``, ``forward_backward()``...) at
+        its CPU clock ``cpu``: its CPU from here to :meth:`main_leave` is the SDK's, not its own
+        work. Calls nest; only the main thread calls these."""
+        if self._depth == 0:
+            self._entered = cpu
+        self._depth += 1
+
+    def main_leave(self, cpu: float) -> None:
+        """The main thread leaves the SDK call it entered (see :meth:`main_enter`)."""
+        self._depth = max(self._depth - 1, 0)
+        entered = self._entered
+        if self._depth == 0 and entered is not None:
+            self._main_in_sdk += cpu - entered
+            self._entered = None
 
     def pace(self) -> None:
         """Before a sampling job: sleep while a pause is decided, and measure once a period."""
@@ -181,14 +198,16 @@ class Governor:
         if main is None:
             self._start = None
             return
-        main -= self._main_in_sdk
+        entered = self._entered  # inside an SDK call now: what it used in there so far too
+        main -= self._main_in_sdk + (main - entered if entered is not None else 0.0)
         charged = self._charged
         start, self._start = self._start, (now, main, charged)
         if start is None:
             return
         elapsed, main_used, ours = now - start[0], main - start[1], charged - start[2]
-        if elapsed <= 0 or main_used < BUSY * elapsed:
-            self._debt = 0.0  # the main thread is not busy: nothing is owed
+        if elapsed <= 0 or elapsed > STALE_S or main_used < BUSY * elapsed:
+            # Not busy, or a window too old to say (nothing was sampled meanwhile):
+            self._debt = 0.0  # nothing is owed
             return
         # What the workers used beyond their share since the main thread became busy; a
         # period under the share pays back, but no more than one period's worth is banked.
@@ -230,13 +249,15 @@ def main_sdk_start() -> float:
     gov = _governor if _resolved else governor()
     if gov is None or threading.get_ident() != _MAIN_IDENT:
         return -1.0
-    return time.thread_time()
+    cpu = time.thread_time()
+    gov.main_enter(cpu)
+    return cpu
 
 
 def main_sdk_done(start: float) -> None:
     """Count the main thread's CPU since :func:`main_sdk_start` as spent inside the SDK."""
     if start >= 0.0 and _governor is not None:
-        _governor.main_in_sdk(time.thread_time() - start)
+        _governor.main_leave(time.thread_time())
 
 
 def reset_governor() -> None:
