@@ -211,7 +211,10 @@ def test_a_hedged_training_send_is_applied_once_and_in_order() -> None:
             for step in range(16):
                 training.forward_backward([datum(step)], "cross_entropy").result(HANG)
             hedger = service._session.hedger
-            assert (hedger.sent, hedger.won) == (1, 1)
+            # The held send is hedged and its copy wins; on a loaded machine another slow send
+            # after the lost reply may be hedged too (a copy is meant for that).
+            assert hedger.sent >= 1 and hedger.won >= 1
+            hedges = hedger.sent
         finally:
             service.close()
         assert proxy.counts() == {"reset_after": 1, "hold": 1}
@@ -223,7 +226,7 @@ def test_a_hedged_training_send_is_applied_once_and_in_order() -> None:
         for r in sends:
             assert r.proto is not None
             by_seq.setdefault(r.proto["seq_id"], set()).add(r.headers["x-idempotency-key"])
-        assert len(sends) == 18  # 16 steps, one retry after the lost reply, one hedge
+        assert len(sends) == 17 + hedges  # 16 steps, one retry after the lost reply, the hedges
         assert all(len(keys) == 1 for keys in by_seq.values())  # copies share the key
 
 
