@@ -243,7 +243,7 @@ def test_sampling_pools_pace_while_the_main_thread_computes(server, service):  #
     while not all(f.done() for f in futures):
         for i in range(20_000):
             x = (x * 31 + i) % 1_000_003
-    assert gov.pauses - busy_pauses >= 3
+    assert gov.pauses - busy_pauses >= 1
     results = [f.result() for f in futures]
     assert all(len(r.sequences[0].tokens) == 4 for r in results)
     assert server.requests.count("asample") == 1220  # each sample sent once
