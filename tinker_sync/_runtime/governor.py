@@ -191,7 +191,7 @@ class Governor:
         last = getattr(self._workers, "cpu", None)
         self._workers.cpu = cpu
         if last is not None:
-            self._charged += cpu - last
+            self.charge(cpu - last)
 
     def _measure(self, now: float) -> None:
         main = self._main_cpu()
