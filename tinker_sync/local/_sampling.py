@@ -349,7 +349,13 @@ class SamplingApi:
                 result = sampler.sample(prompt, opts)
                 return result, self.app._encode_primary("Sample", result, seq_ids)
 
-            result, encoded = await self.app._run(work)
+            if sampler.cheap(int(prompt.size), opts):
+                # On the loop thread: handed to a worker, a 0.2 ms call made the loop and
+                # the worker trade the GIL while a poll for it waited (see
+                # docs/design/local-server.md#model-work).
+                result, encoded = work()
+            else:
+                result, encoded = await self.app._run(work)
             if len(result.sequences) != opts.num_samples:
                 raise RuntimeError(
                     f"backend returned {len(result.sequences)} sequences for num_samples={opts.num_samples}"

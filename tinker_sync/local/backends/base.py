@@ -159,6 +159,12 @@ class Sampler(Protocol):
         """Raises :class:`UserError` for invalid options."""
         ...
 
+    def cheap(self, prompt_len: int, opts: SampleOptions) -> bool:
+        """True when this call (and its encoding) takes well under a millisecond: the server
+        then runs it on its event-loop thread instead of the worker pool
+        (docs/design/local-server.md#model-work)."""
+        ...
+
 
 class Backend(Protocol):
     name: str

@@ -67,6 +67,9 @@ from tinker_sync.local.backends.base import (
 
 __all__ = ["InstantBackend", "InstantModel", "InstantSampler"]
 
+#: The largest sample call the server runs on its event-loop thread (``InstantSampler.cheap``).
+CHEAP_SEQUENCES = 4
+CHEAP_PROMPT = 1024
 #: Context length reported for every instant model.
 INSTANT_CONTEXT = 32768
 #: ``max_tokens`` used when a request leaves it unset.
@@ -345,6 +348,11 @@ class InstantSampler:
         self.seed = seed
         self.drift = drift
         self.step = step
+
+    def cheap(self, prompt_len: int, opts: SampleOptions) -> bool:
+        """Up to :data:`CHEAP_SEQUENCES` sequences on a prompt of up to :data:`CHEAP_PROMPT`
+        tokens: about 0.1 ms per sequence, 0.5 ms at worst (with top-k prompt logprobs)."""
+        return opts.num_samples <= CHEAP_SEQUENCES and prompt_len <= CHEAP_PROMPT
 
     def sample(self, prompt: npt.NDArray[np.int64], opts: SampleOptions) -> SampleResult:
         """Deterministic sequences and prompt scores; raises :class:`UserError` for bad options."""

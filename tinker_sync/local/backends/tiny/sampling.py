@@ -98,6 +98,10 @@ class TinySampler:
         self.cfg = cfg
         self.net = Net(cfg, weights=weights)
 
+    def cheap(self, prompt_len: int, opts: SampleOptions) -> bool:
+        """Never: a forward pass per token is model work for the worker pool."""
+        return False
+
     def sample(self, prompt: npt.NDArray[np.int64], opts: SampleOptions) -> SampleResult:
         """Generate ``opts.num_samples`` sequences; raises :class:`UserError` for bad options."""
         cfg = self.cfg
