@@ -706,9 +706,16 @@ service = tinker_sync.ServiceClient(base_url=url, api_key=key)
 sampler = service.create_sampling_client(base_model="Qwen/Qwen3-8B")
 fut = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=2))
 pause = threading.Event()
-def polling():
+def polling():  # a thread in a poll loop (the sender's, after its send) or the session poller
     names = [t.name for t in threading.enumerate()]
-    return any(n.startswith(("tinker_sync-sample-poll", "tinker_sync-futures-poller")) for n in names)
+    if any(n.startswith("tinker_sync-futures-poller") for n in names):
+        return True
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code.co_filename.endswith("_polling/loop.py"):
+                return True
+            frame = frame.f_back
+    return False
 while fut.request_id is None or not polling():
     pause.wait(0.01)
 print("ready", flush=True)

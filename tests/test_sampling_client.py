@@ -123,6 +123,28 @@ class Events:
 # ------------------------------------------------------------------------------ basics
 
 
+def test_one_sdk_thread_sends_and_polls_a_sample_waited_on_from_the_main_thread(
+    make_server, make_client
+):
+    """A main-thread ``sample().result()`` makes two thread hand-offs, not three: the SDK
+    thread that sends the sample also polls it, once its send step has returned; the main
+    thread itself sends nothing (docs/polling.md#which-thread-polls,
+    docs/guarantees.md#signals-and-exit)."""
+    assert threading.current_thread() is threading.main_thread()
+    seen: list[tuple[str, int]] = []
+
+    def on_event(event: Any) -> None:
+        if event.kind == "request" and event["path"].endswith(("/asample", "/retrieve_future")):
+            seen.append((event["path"].rsplit("/", 1)[1], threading.get_ident()))
+
+    sampler = sampler_of(make_client(make_server(), hooks=[on_event]))
+    for _ in range(3):
+        seen.clear()
+        assert sampler.sample(PROMPT, 1, PARAMS).result(HANG).sequences
+        assert [path for path, _ in seen] == ["asample", "retrieve_future"]
+        assert seen[0][1] == seen[1][1] != threading.get_ident()
+
+
 def test_sample_stamps_sequence_ids_and_compute_logprobs(server, service):
     """Ids from the asample reply are stamped; compute_logprobs entry 0 is None
     (docs/design/behavior.md#sampling-wire-rules)."""

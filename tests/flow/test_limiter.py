@@ -575,3 +575,21 @@ def test_a_held_probe_ticket_that_stops_gives_the_probe_back():
     lane.run()
     assert lane.started == ["a1"] and lane.tickets["a1"].probe
     assert limiter.tenant.probes == 2
+
+
+def test_quiet_only_while_no_ticket_waits_for_the_gates_or_a_sender():
+    """``quiet()`` says a send step may poll its own sample next: no other ticket is queued
+    for the gates or held for a sender (docs/polling.md#which-thread-polls)."""
+    limiter = limiter_for("https://x", "k", FakeClock())
+    limiter.send_width = 1
+    made = Tickets(limiter)
+    assert limiter.quiet()
+    made.submit("a")  # started at once: sending, nobody waits
+    assert made.started == ["a"] and limiter.quiet()
+    made.submit("b")  # the one sender is taken: b waits for the gates
+    assert not limiter.quiet()
+    made.done("a")  # b is admitted and starts
+    assert made.started == ["a", "b"] and limiter.quiet()
+    limiter.set_backoff(5.0, "429")
+    limiter.hold(made.tickets["b"])  # held for the deadline: waits for a sender again
+    assert not limiter.quiet()

@@ -268,6 +268,83 @@ def test_a_fair_lane_taking_turns_reuses_its_worker():
     assert pool(role).peak_threads == 1
 
 
+def test_a_follow_up_runs_on_the_same_thread_after_the_job_and_lends_the_worker():
+    """``then_here``: the follow-up runs on the worker that ran the job, once the job has
+    returned (a sample's poll after its send, no hand-off). Meanwhile the worker is lent: its
+    pool starts a worker for its next job instead of making it wait for the follow-up, and the
+    follow-up holds a slot of the other pool (docs/polling.md#which-thread-polls)."""
+    source, target = DaemonPool("test-then-src", 1), pool("test-then-dst")
+    source.retire_idle(False)
+    gate, lent = threading.Event(), threading.Event()
+    ran: list[tuple[str, int]] = []
+    agreed: list[bool] = []
+    done = threading.Semaphore(0)
+
+    def follow_up() -> None:
+        ran.append(("follow-up", threading.get_ident()))
+        lent.set()
+        gate.wait(HANG)
+        done.release()
+
+    def job() -> None:
+        ran.append(("job", threading.get_ident()))
+        agreed.append(source.then_here(follow_up, "test-then-dst"))
+        agreed.append(source.then_here(follow_up, "test-then-dst"))  # one follow-up a job
+        ran.append(("job returns", threading.get_ident()))
+
+    def next_job() -> None:
+        ran.append(("next job", threading.get_ident()))
+        done.release()
+
+    try:
+        before = target.threads
+        source.submit(job)
+        assert lent.wait(HANG)
+        assert agreed == [True, False]
+        assert [what for what, _ in ran] == ["job", "job returns", "follow-up"]
+        assert len({ident for _, ident in ran}) == 1  # one thread, no hand-off
+        assert target._borrowed == 1 and target.threads == before  # a slot, not a thread
+        source.submit(next_job)  # a pool of one: the lent worker's place is taken
+        assert done.acquire(timeout=HANG)
+        assert ran[-1][0] == "next job" and ran[-1][1] != ran[0][1]
+        assert source.threads == 2 and source._lent == 1
+        assert not source.then_here(follow_up, "test-then-dst")  # not on one of its workers
+    finally:
+        gate.set()
+    assert done.acquire(timeout=HANG)
+    deadline = time.monotonic() + HANG
+    while source._lent or target._borrowed:  # given back just after the follow-up returned
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_no_follow_up_beyond_the_lent_bound_or_the_other_pools_slots(fresh_sizes):
+    """At most ``max_workers`` workers of a pool are lent at once, and a follow-up needs a free
+    slot of the pool it counts in: otherwise ``then_here`` says no and the caller queues it."""
+    executor._sizes["test-then-one"] = 1  # the pool it counts in has one slot
+    source = DaemonPool("test-then-bound", 2)
+    gate = threading.Event()
+    answers: list[bool] = []
+    asked = threading.Semaphore(0)
+
+    def job(role: str) -> None:
+        answers.append(source.then_here(lambda: gate.wait(HANG), role))
+        asked.release()
+
+    try:
+        for _ in range(2):
+            source.submit(job, "test-then-one")
+            assert asked.acquire(timeout=HANG)
+        assert answers == [True, False]  # the first follow-up took the one slot
+        answers.clear()
+        for _ in range(3):
+            source.submit(job, "test-then-many")
+            assert asked.acquire(timeout=HANG)
+        assert answers == [True, False, False] and source._lent == 2  # two lent of two
+    finally:
+        gate.set()
+
+
 def test_call_later_on_a_fake_clock_runs_in_due_order_without_sleeping():
     """Delayed jobs fall due on the injected clock (a fake clock passes time at once)."""
     clock = FakeClock()

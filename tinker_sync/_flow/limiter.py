@@ -342,6 +342,11 @@ class Limiter:
         """Tickets started and not yet returned from their send step (for :meth:`record_send`)."""
         return self._active
 
+    def quiet(self) -> bool:
+        """No ticket waits for the gates or for a sender now (a hint, read without the lock):
+        a send step may then poll its sample itself (docs/polling.md#which-thread-polls)."""
+        return not self._queues and not self._parked
+
     def record_send(self, seconds: float, in_flight: int) -> None:
         """One ``asample`` exchange took ``seconds``; ``in_flight`` sends were under way then.
 

@@ -34,7 +34,11 @@ role               size   what runs there
                           (:meth:`DaemonPool.widen`, docs/limiter.md#send-width).
 ``sample-poll``    400    per-future long polls of samples (poller off); with the session
                           futures poller on, only payload fetches, at most 10 per poller
-                          (:class:`BoundedLane`), so pending samples hold no thread.
+                          (:class:`BoundedLane`), so pending samples hold no thread. While
+                          no other sample waits to be sent, a sample's poll runs on the
+                          thread that sent it (:meth:`DaemonPool.then_here`): it takes one
+                          of these 400 slots, and ``sample-submit`` may start a worker in
+                          its place (at most 8 lent at once).
 ``train-submit``   32     parallel forward/backward chunk sends.
 ``train-poll``     64     training future polls.
 ``rest``           16     RestClient calls and best-effort ``cancel_future`` batches.
@@ -49,7 +53,8 @@ Per session: heartbeat and timer threads; per sampler with ``sample_use_retrieve
 on, one ``tinker_sync-futures-poller`` thread (exits when idle); per TrainingClient one sender.
 So 1,000 pending samples through the session poller need at most 24 SDK threads (8 senders,
 10 fetchers, poller, heartbeat, two timers, and two hedges while the network is lossy), and
-2,000 without it at most 400 polling threads plus the senders. Idle workers exit after 30 s, or at once when the process's last client is
+2,000 without it at most 400 polling threads (senders lent to polls included) plus the
+senders (8, and up to 8 more started in place of lent ones, which idle out after 30 s). Idle workers exit after 30 s, or at once when the process's last client is
 closed (:func:`retire_idle_threads`). :func:`configure_threads` changes the sizes before first
 use.
 
@@ -126,6 +131,11 @@ class DaemonPool:
         self._limit = max_workers
         #: Sampling pools yield to a busy main thread (docs/scale-out.md#background-share).
         self._governor: Governor | None = governor() if role in GOVERNED_ROLES else None
+        #: This pool's workers running a follow-up job of another pool (:meth:`then_here`):
+        #: each lets this pool start one worker more meanwhile, at most ``max_workers``.
+        self._lent = 0
+        #: Other pools' workers running a job of this pool: each takes one of its slots.
+        self._borrowed = 0
 
     @property
     def threads(self) -> int:
@@ -151,7 +161,7 @@ class DaemonPool:
                 if self._idle:
                     self._wakeup.notify()
                 return
-            if self._threads < self._limit:
+            if self._threads < self._cap():
                 self._start_worker_locked()
             else:
                 self._wakeup.notify()
@@ -195,7 +205,7 @@ class DaemonPool:
                 self._widths.pop(requester, None)
             self._limit = max(self.max_workers, *self._widths.values(), 0)
             need = len(self._jobs) - self._idle - self._finishing
-            while need > 0 and self._threads < self._limit:
+            while need > 0 and self._threads < self._cap():
                 self._start_worker_locked()
                 need -= 1
 
@@ -207,10 +217,69 @@ class DaemonPool:
         """Called by a job on one of this pool's workers that is about to return: from now on
         its worker counts as free, so a job submitted meanwhile waits for it instead of
         starting a thread (a :class:`BoundedLane` frees its slot this way)."""
+        if getattr(self._tls, "then", None) is not None:
+            return  # it runs its follow-up next (then_here): not free for the next job
         with self._lock:
             if not getattr(self._tls, "finishing", False):
                 self._tls.finishing = True
                 self._finishing += 1
+
+    def then_here(self, fn: Callable[[], object], role: str) -> bool:
+        """From a job on one of this pool's workers: run ``fn`` on this same thread as soon as
+        the job has returned, as a job of ``pool(role)``, instead of handing it to that pool's
+        threads (no thread hand-off).
+
+        Usage (a sample's send step, whose poll follows)::
+
+            if not pool("sample-submit").then_here(poll.run, "sample-poll"):
+                pool("sample-poll").submit(poll.run)
+
+        ``fn`` takes one of ``pool(role)``'s worker slots while it runs, so that pool's bound
+        holds; and this worker is lent meanwhile: this pool may start one worker more in its
+        place, so a long ``fn`` (a long poll) never keeps this pool's own jobs waiting. At most
+        ``max_workers`` workers are lent at once. False (the caller queues ``fn`` itself) when
+        this thread is not one of this pool's workers, already has a follow-up, has said it is
+        finishing (:meth:`finishing`), when the lent workers are at their bound, or when
+        ``pool(role)`` has no free slot.
+        """
+        tls = self._tls
+        if (
+            not getattr(tls, "worker", False)
+            or getattr(tls, "then", None) is not None
+            or getattr(tls, "finishing", False)
+        ):
+            return False
+        target = pool(role)
+        if target is self or not target._borrow():
+            return False
+        with self._lock:
+            lent = self._lent < self.max_workers
+            if lent:
+                self._lent += 1  # one step with the stores below: plain, under the lock
+                tls.then = (fn, target)
+                if self._jobs and not self._idle and self._threads < self._cap():
+                    self._start_worker_locked()  # a job queued meanwhile need not wait for fn
+        if not lent:
+            target._give_back()
+        return lent
+
+    def _cap(self) -> int:
+        # Called with the lock held: the most threads this pool may have now.
+        return self._limit + self._lent - self._borrowed
+
+    def _borrow(self) -> bool:
+        """Take one worker slot for a job another pool's worker runs (:meth:`then_here`)."""
+        with self._lock:
+            if self._threads >= self._cap() or self._jobs:
+                return False
+            self._borrowed += 1
+            return True
+
+    def _give_back(self) -> None:
+        with self._lock:
+            self._borrowed -= 1
+            if self._jobs and not self._idle and self._threads < self._cap():
+                self._start_worker_locked()  # queued while the slot was taken
 
     def retire_idle(self, retiring: bool = True) -> None:
         """While ``retiring``, workers exit as soon as the queue is empty (not after 30 s)."""
@@ -220,6 +289,7 @@ class DaemonPool:
 
     def _work(self) -> None:
         ran = False
+        self._tls.worker = True
         while True:
             with self._lock:
                 if ran:
@@ -248,6 +318,26 @@ class DaemonPool:
                 log.exception("unhandled error in %s job %r", self.role, fn)
             if self._governor is not None:
                 self._governor.done()
+            then = getattr(self._tls, "then", None)
+            if then is not None:
+                self._follow_up(*then)
+
+    def _follow_up(self, fn: Callable[[], object], target: DaemonPool) -> None:
+        """Run a follow-up this worker took on (:meth:`then_here`), then give both slots back."""
+        governor = target._governor
+        try:
+            if governor is not None:
+                governor.pace()
+            fn()
+        except BaseException:
+            log.exception("unhandled error in %s follow-up %r", target.role, fn)
+        finally:
+            if governor is not None:
+                governor.done()
+            with self._lock:
+                self._tls.then = None
+                self._lent -= 1
+            target._give_back()
 
 
 class Claimable:

@@ -204,13 +204,27 @@ class SampleJob:
 
     # ---------------------------------------------------------------- steps
 
-    def queue(self, role: str, step: Callable[[], None], lane: BoundedLane | None = None) -> None:
-        """Run ``step`` on ``pool(role)`` (or ``lane``), or in a thread waiting in ``result()``."""
+    def queue(
+        self,
+        role: str,
+        step: Callable[[], None],
+        lane: BoundedLane | None = None,
+        *,
+        follow: str | None = None,
+    ) -> None:
+        """Run ``step`` on ``pool(role)`` (or ``lane``), or in a thread waiting in ``result()``.
+
+        ``follow``: on a worker of ``pool(follow)``, run ``step`` on this same thread once its
+        current job has returned, as a job of ``pool(role)`` (``DaemonPool.then_here``), when
+        both pools have room.
+        """
         if self.fut._waited_on_here():
             step()  # the waiting thread is running this job: go on, nobody to hand over to
             return
         claimable = Claimable(step)
         self.fut._offer(claimable)
+        if follow is not None and pool(follow).then_here(claimable.run, role):
+            return
         if lane is not None:
             lane.submit(claimable.run)
         else:
@@ -415,7 +429,12 @@ class SampleJob:
         poller = self.client._futures_poller()
         if poller is None:
             poll = self._poll(request_id, sequence_ids, created_at, allow_metadata_only=True)
-            self.queue("sample-poll", poll.run)
+            # While no other sample waits to be sent, the send step's own thread polls next,
+            # once the step has returned (its sender slot freed): no hand-off between a
+            # sample's send and its poll. In a burst it sends the next sample instead.
+            limiter = self.limiter
+            quiet = limiter is not None and limiter.quiet()
+            self.queue("sample-poll", poll.run, follow="sample-submit" if quiet else None)
             return
         self.poller = poller
         poller.wait(request_id, PollerWaiter(self, request_id, sequence_ids, created_at))
