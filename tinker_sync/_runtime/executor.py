@@ -54,8 +54,8 @@ on, one ``tinker_sync-futures-poller`` thread (exits when idle); per TrainingCli
 So 1,000 pending samples through the session poller need at most 24 SDK threads (8 senders,
 10 fetchers, poller, heartbeat, two timers, and two hedges while the network is lossy), and
 2,000 without it at most 400 polling threads (senders lent to polls included) plus the
-senders (8, and up to 8 more started in place of lent ones, which idle out after 30 s). Idle workers exit after 30 s, or at once when the process's last client is
-closed (:func:`retire_idle_threads`). :func:`configure_threads` changes the sizes before first
+senders (8, and up to 8 more started in place of lent ones). Idle workers exit after 30 s, or
+at once when the process's last client is closed (:func:`retire_idle_threads`). :func:`configure_threads` changes the sizes before first
 use.
 
 Thread safety: every function and method may be called from any thread. Fork safety: in a
