@@ -345,6 +345,38 @@ def test_no_follow_up_beyond_the_lent_bound_or_the_other_pools_slots(fresh_sizes
         gate.set()
 
 
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_lane_job_that_took_on_a_follow_up_leaves_the_lanes_next_job_to_the_pool(fair):
+    """A send step that took on its sample's poll (``then_here``) returns, and the poll runs
+    next on that thread: the lane's next job (queued meanwhile) goes back to the pool instead
+    of keeping the poll waiting behind it (docs/polling.md#which-thread-polls)."""
+    role = f"test-then-lane-{int(fair)}"
+    lane = BoundedLane(role, limit=1, fair=fair)
+    polled = threading.Event()
+    where: dict[str, int] = {}
+    finished = threading.Semaphore(0)
+
+    def poll() -> None:
+        where["poll"] = threading.get_ident()
+        polled.set()
+        finished.release()
+
+    def next_send() -> None:
+        where["next send"] = threading.get_ident()
+        where["poll ran first"] = polled.wait(5.0)  # same thread: waits for a poll behind it
+        finished.release()
+
+    def send() -> None:
+        where["send"] = threading.get_ident()
+        assert pool(role).then_here(poll, "test-then-lane-polls")
+        lane.submit(next_send)  # queued on the lane while this step runs
+
+    lane.submit(send)
+    assert finished.acquire(timeout=HANG) and finished.acquire(timeout=HANG)
+    assert where["poll"] == where["send"]  # no hand-off between the send and its poll
+    assert where["poll ran first"]  # and the lane's next job did not keep it waiting
+
+
 def test_call_later_on_a_fake_clock_runs_in_due_order_without_sleeping():
     """Delayed jobs fall due on the injected clock (a fake clock passes time at once)."""
     clock = FakeClock()

@@ -224,6 +224,10 @@ class DaemonPool:
                 self._tls.finishing = True
                 self._finishing += 1
 
+    def has_follow_up(self) -> bool:
+        """On one of this pool's workers: a job took on a follow-up (:meth:`then_here`)."""
+        return getattr(self._tls, "then", None) is not None
+
     def then_here(self, fn: Callable[[], object], role: str) -> bool:
         """From a job on one of this pool's workers: run ``fn`` on this same thread as soon as
         the job has returned, as a job of ``pool(role)``, instead of handing it to that pool's
@@ -441,16 +445,18 @@ class BoundedLane:
                 log.exception("unhandled error in %s lane job %r", self.role, fn)
             if self._governor is not None:
                 self._governor.done()
-            if self.fair:
+            shared = pool(self.role)
+            if self.fair or shared.has_follow_up():
                 with self._lock:
                     if not self._jobs:
                         self._active -= 1
                         return
-                shared = pool(self.role)
-                if not shared.has_queued():
+                if not shared.has_queued() and not shared.has_follow_up():
                     continue  # nobody else waits for the pool: this turn goes on
                 # One job per turn: the drain queues again behind every other lane's job on
                 # the pool, so lanes sharing a pool are served round-robin (by this worker).
+                # And a follow-up this worker took on (DaemonPool.then_here) runs as soon as
+                # this job returns: the lane's next job goes to another worker.
                 shared.finishing()
                 shared.submit(self._drain)
                 return
