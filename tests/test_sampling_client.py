@@ -145,6 +145,43 @@ def test_one_sdk_thread_sends_and_polls_a_sample_waited_on_from_the_main_thread(
         assert seen[0][1] == seen[1][1] != threading.get_ident()
 
 
+def test_a_sample_sent_while_another_is_in_flight_is_polled_by_the_poll_pool(
+    make_server, make_client, monkeypatch
+):
+    """Only a lone sample is polled by the thread that sent it: one sent while another of the
+    client's samples is in flight is polled on ``sample-poll`` (lending senders to polls cost
+    more CPU per sample at 16 to 64 in flight; docs/polling.md#which-thread-polls)."""
+    from tinker_sync._polling.loop import Poll
+    from tinker_sync._sampling.job import SampleJob
+
+    senders: dict[str, str] = {}
+    pollers: dict[str, str] = {}
+    real_accepted, real_run = SampleJob._accepted, Poll.run
+
+    def accepted(self: SampleJob, future: Any) -> None:
+        senders.setdefault(future.request_id, threading.current_thread().name)
+        real_accepted(self, future)
+
+    def run(self: Poll) -> None:
+        pollers.setdefault(self.request_id, threading.current_thread().name)
+        real_run(self)
+
+    monkeypatch.setattr(SampleJob, "_accepted", accepted)
+    monkeypatch.setattr(Poll, "run", run)
+    srv = make_server(long_poll_s=0.2)
+    sampler = sampler_of(make_client(srv))
+    hold(srv)  # the first sample stays in flight until release
+    first = sampler.sample(PROMPT, 1, PARAMS)
+    until(lambda: first.request_id in pollers)
+    second = sampler.sample(PROMPT, 1, PARAMS)
+    until(lambda: second.request_id in pollers)
+    release(srv)
+    assert first.result(HANG).sequences and second.result(HANG).sequences
+    assert pollers[first.request_id] == senders[first.request_id]  # alone: its sender polled
+    assert pollers[second.request_id].startswith("tinker_sync-sample-poll-")
+    assert senders[second.request_id].startswith("tinker_sync-sample-submit-")
+
+
 def test_sample_stamps_sequence_ids_and_compute_logprobs(server, service):
     """Ids from the asample reply are stamped; compute_logprobs entry 0 is None
     (docs/design/behavior.md#sampling-wire-rules)."""

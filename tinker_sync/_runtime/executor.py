@@ -34,8 +34,8 @@ role               size   what runs there
                           (:meth:`DaemonPool.widen`, docs/limiter.md#send-width).
 ``sample-poll``    400    per-future long polls of samples (poller off); with the session
                           futures poller on, only payload fetches, at most 10 per poller
-                          (:class:`BoundedLane`), so pending samples hold no thread. While
-                          no other sample waits to be sent, a sample's poll runs on the
+                          (:class:`BoundedLane`), so pending samples hold no thread. A
+                          lone sample's poll (no other in flight) runs on the
                           thread that sent it (:meth:`DaemonPool.then_here`): it takes one
                           of these 400 slots, and ``sample-submit`` may start a worker in
                           its place (at most 8 lent at once).

@@ -429,12 +429,19 @@ class SampleJob:
         poller = self.client._futures_poller()
         if poller is None:
             poll = self._poll(request_id, sequence_ids, created_at, allow_metadata_only=True)
-            # While no other sample waits to be sent, the send step's own thread polls next,
-            # once the step has returned (its sender slot freed): no hand-off between a
-            # sample's send and its poll. In a burst it sends the next sample instead.
-            limiter = self.limiter
-            quiet = limiter is not None and limiter.quiet()
-            self.queue("sample-poll", poll.run, follow="sample-submit" if quiet else None)
+            # A lone sample (no other of this client's in flight, none waiting to be sent):
+            # the send step's own thread polls next, once the step has returned (its sender
+            # slot freed), so there is no hand-off between the send and the poll. With others
+            # in flight the poll is queued: lending senders to polls then cost more wake-ups
+            # and CPU per sample than the hand-off (docs/polling.md#which-thread-polls).
+            limiter, handler = self.limiter, self.handler
+            alone = (
+                limiter is not None
+                and handler is not None
+                and handler.in_flight <= 1
+                and limiter.quiet()
+            )
+            self.queue("sample-poll", poll.run, follow="sample-submit" if alone else None)
             return
         self.poller = poller
         poller.wait(request_id, PollerWaiter(self, request_id, sequence_ids, created_at))
