@@ -3,12 +3,15 @@ docs/design/behavior.md#fast-interpreter-exit)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
+from waiting import until  # tests/waiting.py
 
 from tinker_sync._runtime import executor
 from tinker_sync._runtime.clock import FakeClock, SystemClock
@@ -375,6 +378,28 @@ def test_a_lane_job_that_took_on_a_follow_up_leaves_the_lanes_next_job_to_the_po
     assert finished.acquire(timeout=HANG) and finished.acquire(timeout=HANG)
     assert where["poll"] == where["send"]  # no hand-off between the send and its poll
     assert where["poll ran first"]  # and the lane's next job did not keep it waiting
+
+
+def test_an_idle_worker_keeps_nothing_of_its_last_job_alive():
+    """A worker waiting for its next job holds no reference to its last one's function or
+    arguments (a job's closure may hold a client and its credential)."""
+    role = "test-idle-refs"
+    pool(role).retire_idle(False)  # the worker stays, idle
+    ran = threading.Event()
+
+    class Payload:
+        pass
+
+    def job(payload: Payload) -> None:
+        ran.set()
+
+    payload = Payload()
+    alive = weakref.ref(payload)
+    pool(role).submit(job, payload)
+    del payload
+    assert ran.wait(HANG)
+    until(lambda: gc.collect() >= 0 and alive() is None, timeout=10.0)
+    assert pool(role).threads == 1  # still there, idle
 
 
 def test_call_later_on_a_fake_clock_runs_in_due_order_without_sleeping():

@@ -320,11 +320,14 @@ class DaemonPool:
                 fn(*args)
             except BaseException:  # jobs own their errors; this is a last resort
                 log.exception("unhandled error in %s job %r", self.role, fn)
+            # An idle worker keeps nothing of its last job alive (a client, its credential).
+            del fn, args
             if self._governor is not None:
                 self._governor.done()
             then = getattr(self._tls, "then", None)
             if then is not None:
                 self._follow_up(*then)
+                del then
 
     def _follow_up(self, fn: Callable[[], object], target: DaemonPool) -> None:
         """Run a follow-up this worker took on (:meth:`then_here`), then give both slots back."""
