@@ -217,7 +217,7 @@ class DaemonPool:
         """Called by a job on one of this pool's workers that is about to return: from now on
         its worker counts as free, so a job submitted meanwhile waits for it instead of
         starting a thread (a :class:`BoundedLane` frees its slot this way)."""
-        if getattr(self._tls, "then", None) is not None:
+        if self.has_follow_up():
             return  # it runs its follow-up next (then_here): not free for the next job
         with self._lock:
             if not getattr(self._tls, "finishing", False):
@@ -249,7 +249,7 @@ class DaemonPool:
         tls = self._tls
         if (
             not getattr(tls, "worker", False)
-            or getattr(tls, "then", None) is not None
+            or self.has_follow_up()
             or getattr(tls, "finishing", False)
         ):
             return False
@@ -449,12 +449,13 @@ class BoundedLane:
             if self._governor is not None:
                 self._governor.done()
             shared = pool(self.role)
-            if self.fair or shared.has_follow_up():
+            follow_up = shared.has_follow_up()
+            if self.fair or follow_up:
                 with self._lock:
                     if not self._jobs:
                         self._active -= 1
                         return
-                if not shared.has_queued() and not shared.has_follow_up():
+                if not follow_up and not shared.has_queued():
                     continue  # nobody else waits for the pool: this turn goes on
                 # One job per turn: the drain queues again behind every other lane's job on
                 # the pool, so lanes sharing a pool are served round-robin (by this worker).

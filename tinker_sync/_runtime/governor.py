@@ -242,21 +242,20 @@ def governor() -> Governor | None:
     return _governor
 
 
-def main_sdk_start() -> float:
-    """``time.thread_time()`` on the main thread while there is a governor, else -1.0.
+def main_sdk_start() -> bool:
+    """On the main thread while there is a governor: it enters an SDK call (True), else False.
 
-    Usage: ``start = main_sdk_start(); ...an SDK call...; main_sdk_done(start)``."""
+    Usage: ``entered = main_sdk_start(); ...an SDK call...; main_sdk_done(entered)``."""
     gov = _governor if _resolved else governor()
     if gov is None or threading.get_ident() != _MAIN_IDENT:
-        return -1.0
-    cpu = time.thread_time()
-    gov.main_enter(cpu)
-    return cpu
+        return False
+    gov.main_enter(time.thread_time())
+    return True
 
 
-def main_sdk_done(start: float) -> None:
+def main_sdk_done(entered: bool) -> None:
     """Count the main thread's CPU since :func:`main_sdk_start` as spent inside the SDK."""
-    if start >= 0.0 and _governor is not None:
+    if entered and _governor is not None:
         _governor.main_leave(time.thread_time())
 
 

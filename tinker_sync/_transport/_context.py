@@ -29,12 +29,12 @@ def sdk_method_scope(name: str) -> Iterator[None]:
         yield
         return
     token = current_sdk_method.set(name)
-    start = main_sdk_start()  # the main thread's CPU in here is not its own work
+    entered = main_sdk_start()  # the main thread's CPU in here is not its own work
     try:
         yield
     finally:
         current_sdk_method.reset(token)
-        main_sdk_done(start)
+        main_sdk_done(entered)
 
 
 def context_without_sdk_method() -> contextvars.Context:
