@@ -299,3 +299,33 @@ def test_result_interrupted_at_any_signal_point_never_leaves_the_future_locked()
         resolver.join(10.0)
         assert not resolver.is_alive(), f"point {point}: the future's lock was left held"
         assert fut.result(timeout=10.0) == point
+
+
+@pytest.mark.parametrize("end", ["resolve", "fail", "cancel"])
+def test_a_done_future_keeps_its_outcome_not_the_work_behind_it(end: str) -> None:
+    """A program that keeps its futures must not keep every job behind them alive (and the
+    garbage collector walking them): once done, a future lets go of its cancel hook and of the
+    step a waiting thread could have run."""
+    import weakref
+
+    class Work:
+        def cancel(self) -> None:
+            pass
+
+        def step(self) -> bool:
+            return True
+
+    work = Work()
+    gone = weakref.ref(work)
+    fut: APIFuture[int] = APIFuture(on_cancel=work.cancel)
+    fut._offer(Claimable(work.step))
+    del work
+    assert gone() is not None  # the pending future holds it
+    if end == "resolve":
+        fut._resolve(1)
+    elif end == "fail":
+        fut._fail(ValueError("no"))
+    else:
+        assert fut.cancel()
+    assert gone() is None  # freed by reference counting alone: nothing else held it
+    assert fut.done()

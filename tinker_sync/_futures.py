@@ -162,6 +162,21 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
             return False
         return True
 
+    def set_result(self, result: T) -> None:
+        super().set_result(result)
+        self._let_go()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        super().set_exception(exception)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Done: keep the outcome, not the SDK work that produced it. A program that keeps its
+        futures would otherwise keep every job, retry ladder and lock behind them alive, and the
+        garbage collector would walk them all again in each full collection."""
+        self._on_cancel = None
+        self._inline = None
+
     def _fail(self, exc: BaseException) -> bool:
         """Set the exception unless the future is already done. Never raises."""
         try:
@@ -179,6 +194,8 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
                 self._on_cancel()
             except Exception:
                 log.exception("error while cancelling %r", self)
+        if ok:
+            self._let_go()
         return ok
 
     def result(self, timeout: float | None = None) -> T:
