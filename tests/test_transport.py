@@ -628,6 +628,36 @@ def test_the_idle_check_of_a_plain_connection_reads_tcp_info_without_a_poll(end:
             peer.close()
 
 
+@pytest.mark.parametrize(
+    "reply", [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"HTTP/1.1 ?"]
+)
+def test_reading_a_reply_leaves_no_reference_cycle(reply: bytes) -> None:
+    """The reply parser holds the reply's callbacks: once read (or refused), the reply lets go
+    of its parser, so each request leaves nothing for the cyclic garbage collector to find."""
+    import gc
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        conn = _direct.DirectConnection(socket.create_connection(server.getsockname(), 5.0))
+        peer, _ = server.accept()
+        try:
+            peer.sendall(reply)
+            peer.shutdown(socket.SHUT_WR)
+            gc.collect()
+            gc.set_debug(gc.DEBUG_SAVEALL)  # unreachable objects go to gc.garbage, not away
+            try:
+                with contextlib.suppress(http.client.HTTPException):  # a refused reply too
+                    conn.read_reply("GET", 1024, 5.0, None)
+                gc.collect()
+                kinds = {type(o).__name__ for o in gc.garbage}
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+        finally:
+            conn.close()
+            peer.close()
+    assert not kinds & {"_Reply", "HttpResponseParser"}
+
+
 @pytest.mark.skipif(not _direct.KERNEL_TIMEOUTS, reason="kernel socket timeouts: 64-bit Linux")
 def test_a_send_the_peer_never_reads_times_out_within_its_timeout() -> None:
     """A blocking socket's send timeout bounds the whole send, as a socket timeout does (a

@@ -416,43 +416,46 @@ class DirectConnection:
         """
         reply = _Reply(method, limit)
         parser = reply.parser = httptools.HttpResponseParser(reply)
-        sock = self.sock
-        received = 0
-        while not reply.done:
-            timeout = read_timeout
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("the reply did not complete within the attempt deadline")
-                timeout = left if timeout is None else min(timeout, left)
-            self.set_timeout(timeout)
-            try:
-                data = sock.recv(_RECV_SIZE if received else _FIRST_RECV)
-            except BlockingIOError:
-                if not self._kernel:
-                    raise
-                raise TimeoutError("timed out") from None
-            if not data:
-                return self._at_eof(reply, received)
-            received += len(data)
-            self._read += len(data)
-            if not reply.final and received > MAX_HEAD_BYTES:
-                raise protocol_error(f"reply header block above {MAX_HEAD_BYTES} bytes")
-            try:
-                parser.feed_data(data)
-            except httptools.HttpParserCallbackError:
-                if isinstance(reply.error, _Leftover):
-                    break
-                raise reply.error or protocol_error("reply parser failed") from None
-            except httptools.HttpParserUpgrade:
-                raise protocol_error("unexpected protocol upgrade in a reply") from None
-            except httptools.HttpParserError as exc:
-                if reply.done:  # junk after a complete reply
-                    reply.leftover = True
-                    break
-                raise protocol_error(f"malformed reply: {exc}") from None
-        reusable = reply.keep_alive and not reply.leftover
-        return reply.status, reply.headers, b"".join(reply.body), reusable
+        try:
+            sock = self.sock
+            received = 0
+            while not reply.done:
+                timeout = read_timeout
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("the reply did not complete within the attempt deadline")
+                    timeout = left if timeout is None else min(timeout, left)
+                self.set_timeout(timeout)
+                try:
+                    data = sock.recv(_RECV_SIZE if received else _FIRST_RECV)
+                except BlockingIOError:
+                    if not self._kernel:
+                        raise
+                    raise TimeoutError("timed out") from None
+                if not data:
+                    return self._at_eof(reply, received)
+                received += len(data)
+                self._read += len(data)
+                if not reply.final and received > MAX_HEAD_BYTES:
+                    raise protocol_error(f"reply header block above {MAX_HEAD_BYTES} bytes")
+                try:
+                    parser.feed_data(data)
+                except httptools.HttpParserCallbackError:
+                    if isinstance(reply.error, _Leftover):
+                        break
+                    raise reply.error or protocol_error("reply parser failed") from None
+                except httptools.HttpParserUpgrade:
+                    raise protocol_error("unexpected protocol upgrade in a reply") from None
+                except httptools.HttpParserError as exc:
+                    if reply.done:  # junk after a complete reply
+                        reply.leftover = True
+                        break
+                    raise protocol_error(f"malformed reply: {exc}") from None
+            reusable = reply.keep_alive and not reply.leftover
+            return reply.status, reply.headers, b"".join(reply.body), reusable
+        finally:
+            reply.parser = None  # the parser holds the reply's callbacks: leave no cycle
 
     @staticmethod
     def _at_eof(reply: _Reply, received: int) -> tuple[int, Headers, bytes, bool]:
