@@ -207,6 +207,42 @@ def test_sample_stamps_sequence_ids_and_compute_logprobs(server, service):
     assert asample_seq_ids(server) == [0, 1, 2]
 
 
+def test_kept_sample_futures_keep_no_job_and_a_finished_sample_leaves_no_cycle(server, service):
+    """Programs keep their futures (a list of results to score): each done future keeps its
+    response, not the job that fetched it with its ticket, retry state and locks. And a finished
+    sample is freed by reference counting alone, leaving no cycle for the garbage collector
+    (which would walk every live object again in each full collection)."""
+    import gc
+    import weakref
+
+    from tinker_sync._flow.limiter import Ticket
+    from tinker_sync._sampling.job import SampleJob
+
+    sampler = sampler_of(service)
+    hold(server)
+    futures = [sampler.sample(PROMPT, 1, PARAMS) for _ in range(20)]
+    jobs = [weakref.ref(f._on_cancel.__self__) for f in futures]  # pending: the job's hook
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # from now on, unreachable objects stay in gc.garbage
+    try:
+        release(server)
+        for fut in futures:
+            fut.result(HANG)
+        until(lambda: all(job() is None for job in jobs))  # while the futures are kept
+        gc.collect()
+        cyclic = [
+            o
+            for o in gc.garbage
+            if (isinstance(o, SampleJob) and o.client is sampler)
+            or (isinstance(o, Ticket) and o.owner == id(sampler))
+        ]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert cyclic == []
+    assert all(len(f.result().sequences) == 1 for f in futures)
+
+
 def test_validation_errors_are_synchronous_and_send_nothing(server, service):
     """Checked in the caller's thread before a seq_id is taken
     (docs/design/behavior.md#sampling-wire-rules)."""

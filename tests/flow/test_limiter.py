@@ -80,7 +80,7 @@ class Tickets:
         self.tickets: dict[str, Ticket] = {}
 
     def submit(self, name: str, owner: str = "a", estimate: int = 100) -> Ticket:
-        def start() -> None:
+        def start(ticket: Ticket) -> None:
             if not self.limiter.claim(ticket):  # the send step's first call (Ticket docs)
                 return
             with self.lock:
@@ -314,7 +314,7 @@ def test_a_head_behind_closed_gates_is_asked_to_stop_again_only_after_a_wake_or_
         return stop[0] if stop else None
 
     head = Ticket(
-        owner="b", estimate=1, start=lambda: None, on_stop=stopped.append, stop_reason=why
+        owner="b", estimate=1, start=lambda _: None, on_stop=stopped.append, stop_reason=why
     )
     limiter.enqueue(head)  # every sender taken: no pump
     assert asked == []
@@ -383,7 +383,7 @@ class Lane(Tickets):
         ticket = Ticket(
             owner=owner,
             estimate=estimate,
-            start=lambda: self.scheduled.append(name),
+            start=lambda _ticket: self.scheduled.append(name),
             on_stop=lambda exc: self.stopped.append((name, exc)),
             stop_reason=lambda: self.stop_all,
         )

@@ -5,8 +5,8 @@ Usage::
     limiter = limiter_for(base_url, credential_identity, clock)
     ticket = Ticket(owner=sampler, estimate=prompt_bytes, start=send_step,
                     on_stop=fail, stop_reason=why_stop)
-    limiter.enqueue(ticket)          # returns at once; start() runs when the ticket may send
-    # in send_step, on a worker thread:
+    limiter.enqueue(ticket)          # returns at once; start(ticket) runs when it may send
+    # in send_step(ticket), on a worker thread:
     if limiter.backoff_remaining() > 0: limiter.hold(ticket)   # parked again, gates kept
     ...POST...; on 429: limiter.set_backoff(d, "429"); limiter.hold(ticket)
     limiter.release(ticket)          # accepted or failed: the gates go to the next ticket
@@ -146,10 +146,11 @@ class Ticket:
     """One sampling dispatch: queued for the gates, then held or sending (see module docs).
 
     ``owner`` (any hashable; one per sampling client) is the unit of round-robin fairness.
-    ``start()`` runs (outside the lock, in whichever thread pumped) once the ticket holds its
-    gates and the deadline has passed; it may run more than once for one admission, so the send
-    step it schedules must begin with ``if not limiter.claim(ticket): return`` (exactly one
-    claim succeeds). ``on_stop(exc)`` runs instead, at most once, when ``stop_reason()`` says so
+    ``start(ticket)`` runs (outside the lock, in whichever thread pumped) once the ticket holds
+    its gates and the deadline has passed (it is handed the ticket, so it need not close over
+    it: no reference cycle); it may run more than once for one admission, so the send step it
+    schedules must begin with ``if not limiter.claim(ticket): return`` (exactly one claim
+    succeeds). ``on_stop(exc)`` runs instead, at most once, when ``stop_reason()`` says so
     while the ticket waits in the limiter. Not thread-safe by itself: the limiter's lock guards
     the fields.
     """
@@ -176,7 +177,7 @@ class Ticket:
         *,
         owner: Hashable,
         estimate: int,
-        start: Callable[[], object],
+        start: Callable[[Ticket], object],
         on_stop: Callable[[BaseException], object],
         stop_reason: ShouldStop,
     ) -> None:
@@ -672,7 +673,7 @@ class Limiter:
         for ticket, round_ in issue:
             # Issued until start() returned: if it never does (an exception), the next pump
             # issues it again, and the extra start finds the claim taken.
-            ticket.start()
+            ticket.start(ticket)
             ticket.issued = round_
 
     def _admit_locked(self, now: float, sample_bytes: ByteBudget) -> None:

@@ -298,7 +298,7 @@ class SampleJob:
         ticket = Ticket(
             owner=id(self.client),  # the round-robin unit (an int: keeps no client alive)
             estimate=self.estimate,
-            start=lambda: self._start_send(ticket),
+            start=self._start_send,
             on_stop=self._stopped_waiting,
             stop_reason=self.stop_reason,
         )
@@ -400,6 +400,9 @@ class SampleJob:
             return
         limiter.release(ticket)
         self.submit_retry.succeeded()
+        # Sent and accepted: the ticket and the submission state hold this job's methods, and
+        # holding them here would leave reference cycles behind for the garbage collector.
+        self.ticket = self.submit_retry = None
         self._accepted(accepted)
 
     def _submit_failed(self, exc: Exception) -> None:
