@@ -106,6 +106,40 @@ def test_pool_grows_lazily_to_its_cap_and_queues_fifo():
     assert serial_order == list(range(50))  # overflow runs in FIFO order
 
 
+def test_the_most_recently_idle_worker_takes_the_next_job():
+    """Idle workers are woken last in, first out: the one idle the shortest time (its stack and
+    data likeliest still in the CPU's caches) takes the next job, and the one idle longest
+    stays idle, to exit after 30 s once the load is gone."""
+    p = DaemonPool("test-lifo", 3)
+    p.retire_idle(False)  # an earlier test may have closed the process's last client
+    started = threading.Barrier(4)
+    gates = [threading.Event() for _ in range(3)]
+    worker_of: dict[int, str] = {}
+
+    def blocker(i: int) -> None:
+        worker_of[i] = threading.current_thread().name
+        started.wait(HANG)
+        gates[i].wait(HANG)
+
+    for i in range(3):
+        p.submit(blocker, i)
+    started.wait(HANG)  # three workers, each in its own job
+    for i, gate in enumerate(gates):  # they go idle one after the other: 0, 1, then 2
+        gate.set()
+        until(lambda i=i: p._idle == i + 1)
+    took: list[str] = []
+    ran = threading.Event()
+
+    def record() -> None:
+        took.append(threading.current_thread().name)
+        ran.set()
+
+    p.submit(record)
+    assert ran.wait(HANG)
+    assert took == [worker_of[2]]  # not worker_of[0], idle the longest
+    assert p.threads == 3  # none was started for it
+
+
 def test_a_failing_job_does_not_kill_its_worker(caplog):
     p = DaemonPool("test-errors", 1)
     p.retire_idle(False)  # an earlier test may have closed the process's last client
