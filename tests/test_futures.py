@@ -329,3 +329,8 @@ def test_a_done_future_keeps_its_outcome_not_the_work_behind_it(end: str) -> Non
         assert fut.cancel()
     assert gone() is None  # freed by reference counting alone: nothing else held it
     assert fut.done()
+    late = Work()  # a step queued after the end (a cancelled sample's job going on)
+    late_gone = weakref.ref(late)
+    fut._offer(Claimable(late.step))
+    del late
+    assert late_gone() is None

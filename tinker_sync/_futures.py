@@ -265,6 +265,8 @@ class APIFuture(concurrent.futures.Future[T], Generic[T]):
     def _offer(self, step: Claimable) -> None:
         """SDK side: ``step`` (queued on a pool) may be run by a thread waiting in result()."""
         self._inline = step
+        if self.done():  # completed meanwhile (cancelled): a done future holds no work
+            self._inline = None
 
     def _run_inline(self) -> None:
         """Run this future's queued steps in the waiting thread while no worker has taken them.
