@@ -436,6 +436,27 @@ def test_an_idle_worker_keeps_nothing_of_its_last_job_alive():
     assert pool(role).threads == 1  # still there, idle
 
 
+def test_a_waiting_timer_keeps_nothing_of_the_jobs_it_handed_on():
+    """The timer thread waiting for its next due job holds no reference to the ones it already
+    handed to their pool (a sampling retry's closure holds its client and credential)."""
+    role = "test-timer-refs"
+    pool(role).retire_idle(False)
+    ran = threading.Event()
+
+    class Payload:
+        pass
+
+    def job(payload: Payload) -> None:
+        ran.set()
+
+    payload = Payload()
+    alive = weakref.ref(payload)
+    call_later(SystemClock(), 0.0, role, job, payload)
+    del payload
+    assert ran.wait(HANG)
+    until(lambda: gc.collect() >= 0 and alive() is None, timeout=10.0)  # idle timers wait 30 s
+
+
 def test_call_later_on_a_fake_clock_runs_in_due_order_without_sleeping():
     """Delayed jobs fall due on the injected clock (a fake clock passes time at once)."""
     clock = FakeClock()

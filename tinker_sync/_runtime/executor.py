@@ -553,16 +553,20 @@ class _Timer:
                     continue
                 now = self.clock.monotonic()
                 while self._heap and self._heap[0][0] <= now:
-                    _, _, role, job = heapq.heappop(self._heap)
-                    ready.append((role, job))
+                    ready.append(heapq.heappop(self._heap)[2:])
                 if not ready:
                     if exiting():
                         self._running = False
                         return
                     self.clock.wait(self._cond, self._heap[0][0] - now)
                     continue
-            for role, (fn, args) in ready:
-                pool(role).submit(fn, *args)
+            _submit_all(ready)
+            del ready  # while this thread waits, it keeps nothing of the jobs it handed on
+
+
+def _submit_all(ready: list[tuple[str, Job]]) -> None:
+    for role, (fn, args) in ready:
+        pool(role).submit(fn, *args)
 
 
 _pools: dict[str, DaemonPool] = {}
