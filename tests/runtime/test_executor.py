@@ -8,7 +8,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from waiting import until  # tests/waiting.py
@@ -414,10 +414,9 @@ def test_a_lane_job_that_took_on_a_follow_up_leaves_the_lanes_next_job_to_the_po
     assert where["poll ran first"]  # and the lane's next job did not keep it waiting
 
 
-def test_an_idle_worker_keeps_nothing_of_its_last_job_alive():
-    """A worker waiting for its next job holds no reference to its last one's function or
-    arguments (a job's closure may hold a client and its credential)."""
-    role = "test-idle-refs"
+def _assert_kept_by_nobody_once_run(role: str, hand_on: Callable[..., None]) -> None:
+    """``hand_on(job, payload)`` runs ``job(payload)`` on ``pool(role)``; once it ran, nothing
+    may keep ``payload`` alive (a job's closure may hold a client and its credential)."""
     pool(role).retire_idle(False)  # the worker stays, idle
     ran = threading.Event()
 
@@ -429,10 +428,17 @@ def test_an_idle_worker_keeps_nothing_of_its_last_job_alive():
 
     payload = Payload()
     alive = weakref.ref(payload)
-    pool(role).submit(job, payload)
+    hand_on(job, payload)
     del payload
     assert ran.wait(HANG)
-    until(lambda: gc.collect() >= 0 and alive() is None, timeout=10.0)
+    until(lambda: gc.collect() >= 0 and alive() is None, timeout=10.0)  # idle threads wait 30 s
+
+
+def test_an_idle_worker_keeps_nothing_of_its_last_job_alive():
+    """A worker waiting for its next job holds no reference to its last one's function or
+    arguments."""
+    role = "test-idle-refs"
+    _assert_kept_by_nobody_once_run(role, pool(role).submit)
     assert pool(role).threads == 1  # still there, idle
 
 
@@ -440,21 +446,10 @@ def test_a_waiting_timer_keeps_nothing_of_the_jobs_it_handed_on():
     """The timer thread waiting for its next due job holds no reference to the ones it already
     handed to their pool (a sampling retry's closure holds its client and credential)."""
     role = "test-timer-refs"
-    pool(role).retire_idle(False)
-    ran = threading.Event()
-
-    class Payload:
-        pass
-
-    def job(payload: Payload) -> None:
-        ran.set()
-
-    payload = Payload()
-    alive = weakref.ref(payload)
-    call_later(SystemClock(), 0.0, role, job, payload)
-    del payload
-    assert ran.wait(HANG)
-    until(lambda: gc.collect() >= 0 and alive() is None, timeout=10.0)  # idle timers wait 30 s
+    clock = SystemClock()
+    _assert_kept_by_nobody_once_run(
+        role, lambda job, payload: call_later(clock, 0.0, role, job, payload)
+    )
 
 
 def test_call_later_on_a_fake_clock_runs_in_due_order_without_sleeping():

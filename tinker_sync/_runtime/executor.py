@@ -264,11 +264,16 @@ class DaemonPool:
             if lent:
                 self._lent += 1  # one step with the stores below: plain, under the lock
                 tls.then = (fn, target)
-                if self._jobs and not self._idle and self._threads < self._cap():
-                    self._start_worker_locked()  # a job queued meanwhile need not wait for fn
+                self._serve_queued_locked()  # a job queued meanwhile need not wait for fn
         if not lent:
             target._give_back()
         return lent
+
+    def _serve_queued_locked(self) -> None:
+        # Called with the lock held: a queued job no idle worker will take gets a new worker,
+        # if the pool has room for one.
+        if self._jobs and not self._idle and self._threads < self._cap():
+            self._start_worker_locked()
 
     def _cap(self) -> int:
         # Called with the lock held: the most threads this pool may have now.
@@ -285,8 +290,7 @@ class DaemonPool:
     def _give_back(self) -> None:
         with self._lock:
             self._borrowed -= 1
-            if self._jobs and not self._idle and self._threads < self._cap():
-                self._start_worker_locked()  # queued while the slot was taken
+            self._serve_queued_locked()  # queued while the slot was taken
 
     def retire_idle(self, retiring: bool = True) -> None:
         """While ``retiring``, workers exit as soon as the queue is empty (not after 30 s)."""
